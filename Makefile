@@ -1,0 +1,33 @@
+# Two commands a newcomer needs:  make lab   (set up + JupyterLab on the quickstart)
+#                                 make test  (set up + the whole test suite)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The torch build known good on a CPU-only machine with Python 3.11. pyproject.toml keeps a broad range;
+# on a CUDA machine run e.g. `make setup TORCH=torch==2.13.0` with the index of your CUDA build.
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup lab test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m workbench.doctor --build
+	touch $@
+
+lab: setup
+	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.open_browser=$${OPEN_BROWSER:-True} notebooks/00_quickstart.ipynb
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	for b in benches/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,104 @@
+"""The persistent pool against the usual ways to run distributed code from a notebook.
+
+Prints, from one run on this machine: the no-op round trip to all ranks, and a
+10-step DDP loop of a small model run (a) through the pool (model kept on the
+ranks), (b) with accelerate's notebook_launcher (state lost every call), (c) as
+a whole torchrun job — as seconds and as ratios to (a).
+
+    .venv/bin/python benches/pool.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+import cloudpickle  # noqa: E402
+import ddp_loop  # noqa: E402
+
+cloudpickle.register_pickle_by_value(ddp_loop)  # ranks cannot import benches/: send its functions by value
+
+REPEATS = 5
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def p95(xs):
+    return sorted(xs)[int(0.95 * (len(xs) - 1))]
+
+
+def bench_launcher() -> list[float]:
+    from accelerate import notebook_launcher
+
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        notebook_launcher(ddp_loop.launcher_fn, num_processes=2)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def bench_torchrun() -> list[float]:
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                        "--master-port=29517", ddp_loop.__file__], check=True, capture_output=True)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def bench_pool(check_collectives: bool):
+    import workbench as wb
+
+    t = time.perf_counter()
+    with wb.Pool(2, device="cpu", check_collectives=check_collectives) as pool:
+        cold = time.perf_counter() - t
+        for _ in range(50):
+            pool.run(int)
+        rtts = []
+        for _ in range(1000):
+            t = time.perf_counter()
+            pool.run(int)
+            rtts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        pool.run(ddp_loop.pool_build)
+        pool.run(ddp_loop.pool_steps)
+        first = time.perf_counter() - t
+        warm = []
+        for _ in range(REPEATS):
+            t = time.perf_counter()
+            pool.run(ddp_loop.pool_steps)
+            warm.append(time.perf_counter() - t)
+    return cold, rtts, first, warm
+
+
+def main() -> None:
+    print(f"machine: {os.cpu_count()} cores; torch {__import__('torch').__version__}")
+    launcher = bench_launcher()
+    torchrun = bench_torchrun()
+    cold, rtts, first, warm = bench_pool(check_collectives=True)
+    _, rtts_fast, _, warm_fast = bench_pool(check_collectives=False)
+    a = median(warm)
+    print(f"pool start (2 ranks, cold):                 {cold:.2f} s")
+    print(f"no-op round trip to all ranks (checked):     median {median(rtts) * 1e3:.3f} ms, p95 {p95(rtts) * 1e3:.3f} ms")
+    print(f"no-op round trip (check_collectives=False): median {median(rtts_fast) * 1e3:.3f} ms, "
+          f"p95 {p95(rtts_fast) * 1e3:.3f} ms")
+    print(f"(a) pool, 10 DDP steps, model kept:          {a:.3f} s  (1.0×)   [first call incl. build: {first:.3f} s;"
+          f" unchecked: {median(warm_fast):.3f} s]")
+    print(f"(b) accelerate notebook_launcher per call:   {median(launcher):.3f} s  ({median(launcher) / a:.0f}×)")
+    print(f"(c) torchrun whole job:                      {median(torchrun):.3f} s  ({median(torchrun) / a:.0f}×)")
+
+
+if __name__ == "__main__":
+    main()

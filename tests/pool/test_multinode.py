@@ -1,0 +1,51 @@
+"""Ranks on "other machines": two torchrun launches on loopback acting as two nodes connect back."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import stat
+import subprocess
+import time
+
+import workbench as wb
+from tests.pool import rank_fns
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
+    key_file = tmp_path / "keys" / "pool.key"
+    pool = wb.Pool(2, device="cpu", external=True, key_file=str(key_file), start_timeout_s=90)
+    nodes = []
+    try:
+        assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+        master_port = _free_port()
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
+        for node_rank in (0, 1):
+            cmd = pool.launch_command(nnodes=2, nproc_per_node=1, master_port=master_port)
+            cmd = cmd.replace("$NODE_RANK", str(node_rank)).replace("$MASTER_ADDR", "127.0.0.1")
+            cmd = cmd.replace("python -m", f"{shlex.quote(os.sys.executable)} -m", 1)
+            nodes.append(subprocess.Popen(cmd, shell=True, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        pool.wait_ready(90)
+        results = pool.run(rank_fns.whoami)
+        assert [r[:2] for r in results] == [(0, 2), (1, 2)]
+        assert pool.run(rank_fns.all_reduce_sum, 5) == [10.0, 10.0]
+    finally:
+        pool.close()
+        outputs = []
+        for node in nodes:
+            try:
+                out, _ = node.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                out, _ = node.communicate()
+            outputs.append(out)
+    for node, out in zip(nodes, outputs):
+        assert node.returncode == 0, out

@@ -1,0 +1,15 @@
+"""workbench: an interactive workbench for distributed training, driven from Jupyter.
+
+    import workbench as wb
+    bench = wb.Workbench(world_size=2)
+    bench.apply(wb.Config(dp=2))
+    bench.train(steps=100).wait()
+"""
+
+from workbench.config import Config, ConfigError, ModelConfig
+from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RemoteError, WorkerDied
+from workbench.telemetry.events import Interval, StepMetrics
+
+__all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
+           "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval"]
+__version__ = "0.1.0"

@@ -1,0 +1,283 @@
+"""What a run is: one frozen value, validated when it is made.
+
+`Config` holds the model shape, the parallel layout and the training settings.
+Every impossible combination is refused on construction with a `ValueError`
+that names the field, the values and a fix, so nothing invalid ever reaches a
+rank. Variants are made with `dataclasses.replace(cfg, tp=2)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+SCHEDULE_HELP = {
+    "gpipe": "GPipe: all forwards, then all backwards; simple, holds every micro-batch's activations",
+    "1f1b": "1F1B: one forward, one backward in steady state; same bubble as GPipe, at most pp micro-batches of activations",
+    "interleaved_1f1b": "interleaved 1F1B: several smaller stages per rank; the bubble shrinks by that factor",
+}
+ZERO_HELP = {
+    0: "ZeRO 0 = DDP: every rank holds all parameters, gradients and optimizer state; gradients all-reduced",
+    1: "ZeRO 1 = DDP + ZeroRedundancyOptimizer: optimizer state sharded across dp ranks",
+    2: "ZeRO 2 = FSDP2 without resharding after forward: gradients and optimizer state sharded",
+    3: "ZeRO 3 = FSDP2: parameters, gradients and optimizer state sharded; parameters gathered per layer",
+}
+RECOMPUTE_HELP = {
+    "none": "no activation checkpointing: every activation kept for backward",
+    "selective": "checkpoint every other transformer block: less memory, some recomputation",
+    "full": "checkpoint every transformer block: least activation memory, one extra forward",
+}
+
+
+class ConfigError(ValueError):
+    """An impossible configuration; the message names the field and a fix."""
+
+
+def _refuse(field_name: str, problem: str, fix: str) -> ConfigError:
+    return ConfigError(f"{field_name}: {problem}. Fix: {fix}.")
+
+
+def _check_choice(name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise _refuse(name, f"{value!r} is not one of {', '.join(map(repr, allowed))}", f"use one of {allowed}")
+
+
+def _check_positive(**values: int | float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _refuse(name, f"must be a positive number, got {value!r}", f"set {name} > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of a decoder-only transformer (RMSNorm, rotary positions, SwiGLU, grouped-query attention)."""
+
+    dim: int = 128
+    """Width of the residual stream."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Attention (query) heads; dim must be divisible by it."""
+    n_kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; None means n_heads (plain multi-head)."""
+    vocab_size: int = 256
+    """Token vocabulary; 256 is byte-level text, which the workbench's data uses."""
+    ffn_dim: int | None = None
+    """Hidden width of the SwiGLU MLP; None means about 8/3·dim rounded up to a multiple of 64."""
+    max_seq_len: int = 2048
+    """Longest sequence the rotary tables cover."""
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        _check_positive(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
+                        vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        if self.n_kv_heads is not None:
+            _check_positive(n_kv_heads=self.n_kv_heads)
+        if self.ffn_dim is not None:
+            _check_positive(ffn_dim=self.ffn_dim)
+        if self.dim % self.n_heads:
+            raise _refuse("model.n_heads", f"dim={self.dim} is not divisible by n_heads={self.n_heads}",
+                          "choose n_heads dividing dim")
+        if (self.dim // self.n_heads) % 2:
+            raise _refuse("model.n_heads", f"head dim {self.dim // self.n_heads} is odd; rotary needs it even",
+                          "choose n_heads so that dim/n_heads is even")
+        if self.n_heads % self.kv_heads:
+            raise _refuse("model.n_kv_heads", f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}",
+                          "choose n_kv_heads dividing n_heads")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        return -(-(8 * self.dim // 3) // 64) * 64
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count, from the shapes (embedding and output are not tied)."""
+        attn = self.dim * self.dim * 2 + self.dim * self.kv_heads * self.head_dim * 2
+        mlp = 3 * self.dim * self.hidden_dim
+        block = attn + mlp + 2 * self.dim
+        return self.vocab_size * self.dim * 2 + self.n_layers * block + self.dim
+
+    @classmethod
+    def preset(cls, name: str) -> "ModelConfig":
+        """A named shape: "tiny" trains visibly in a minute on 2 CPU cores; the others are real sizes."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise _refuse("model", f"unknown preset {name!r}", f"use one of {sorted(PRESETS)}") from None
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # byte-level, ~0.9 M parameters: a few steps per second on two CPU cores
+    "tiny": ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=1024),
+    # byte-level, ~10 M parameters: CPU experiments that need visible memory
+    "small": ModelConfig(dim=384, n_layers=6, n_heads=6, n_kv_heads=2, max_seq_len=2048),
+    # GPT-3 small shape with GPT-2's padded vocabulary
+    "125m": ModelConfig(dim=768, n_layers=12, n_heads=12, vocab_size=50304, ffn_dim=2048, max_seq_len=2048),
+    # Llama-3.2-1B shape
+    "1b": ModelConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=8192,
+                      max_seq_len=8192, rope_theta=500000.0),
+    # Llama-3-8B shape
+    "8b": ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=14336,
+                      max_seq_len=8192, rope_theta=500000.0),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Everything a run is: model shape, parallel layout, precision and training settings."""
+
+    model: ModelConfig = field(default_factory=lambda: PRESETS["tiny"])
+    """The model's shape; `ModelConfig.preset("tiny")` and friends."""
+    dp: int = 1
+    """Data-parallel degree: replicas (or ZeRO shards) that each see their own slice of the batch."""
+    tp: int = 1
+    """Tensor-parallel degree: each weight matrix split across this many ranks (Megatron column/row)."""
+    pp: int = 1
+    """Pipeline-parallel degree: the layers split into this many consecutive stages."""
+    zero: int = 0
+    """ZeRO stage 0-3 across the dp ranks (0 DDP, 1 +sharded optimizer, 2 FSDP2 no reshard, 3 FSDP2)."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule when pp > 1: "gpipe", "1f1b" or "interleaved_1f1b"."""
+    micro_batches: int = 1
+    """Micro-batches per step: pipeline micro-batches when pp > 1, else gradient accumulation steps."""
+    stages_per_rank: int = 2
+    """Model chunks per pipeline rank for "interleaved_1f1b" (ignored by other schedules)."""
+    activation_checkpointing: Recompute = "none"
+    """Recompute activations in backward: "none", "selective" (every other block) or "full"."""
+    precision: Precision = "fp32"
+    """"fp32", "bf16" (autocast) or "fp16" (autocast + dynamic loss scaling)."""
+    batch_size: int = 16
+    """Sequences per optimizer step, across all data-parallel ranks (the global batch)."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seeds the model's initial weights and the order of the data."""
+
+    def __post_init__(self) -> None:
+        m = self.model
+        if not isinstance(m, ModelConfig):
+            raise _refuse("model", f"expected a ModelConfig, got {type(m).__name__}",
+                          'pass model=wb.ModelConfig.preset("tiny") or a ModelConfig(...)')
+        _check_positive(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=self.micro_batches,
+                        stages_per_rank=self.stages_per_rank, batch_size=self.batch_size,
+                        seq_len=self.seq_len, lr=self.lr)
+        for name in ("dp", "tp", "pp", "micro_batches", "stages_per_rank", "batch_size", "seq_len", "seed"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise _refuse(name, f"must be an integer, got {getattr(self, name)!r}", f"pass an int for {name}")
+        _check_choice("zero", self.zero, (0, 1, 2, 3))
+        _check_choice("schedule", self.schedule, get_args(Schedule))
+        _check_choice("activation_checkpointing", self.activation_checkpointing, get_args(Recompute))
+        _check_choice("precision", self.precision, get_args(Precision))
+        if self.weight_decay < 0:
+            raise _refuse("weight_decay", f"must be ≥ 0, got {self.weight_decay}", "set weight_decay ≥ 0")
+
+        if m.n_heads % self.tp:
+            raise _refuse("tp", f"tp={self.tp} does not divide model.n_heads={m.n_heads}",
+                          f"choose tp among {_divisors(m.n_heads)}")
+        if m.kv_heads % self.tp:
+            raise _refuse("tp", f"tp={self.tp} does not divide the key/value heads ({m.kv_heads})",
+                          f"choose tp among {_divisors(m.kv_heads)}")
+        if m.hidden_dim % self.tp:
+            raise _refuse("tp", f"tp={self.tp} does not divide the MLP width ({m.hidden_dim})",
+                          "choose a tp dividing model.hidden_dim")
+        if self.tp > 1 and self.seq_len % self.tp:
+            raise _refuse("seq_len", f"sequence parallel splits seq_len={self.seq_len} across tp={self.tp}",
+                          f"make seq_len a multiple of {self.tp}")
+        chunks = self.pp * (self.stages_per_rank if self.pp > 1 and self.schedule == "interleaved_1f1b" else 1)
+        if m.n_layers % chunks:
+            what = f"pp={self.pp}" if chunks == self.pp else f"pp·stages_per_rank={chunks}"
+            raise _refuse("pp", f"{what} does not divide model.n_layers={m.n_layers}",
+                          f"choose pp (times stages_per_rank for interleaved) among {_divisors(m.n_layers)}")
+        if self.pp > 1 and self.schedule in ("1f1b", "interleaved_1f1b") and self.micro_batches < self.pp:
+            raise _refuse("micro_batches", f"{self.schedule} needs at least pp={self.pp} micro-batches, got "
+                          f"{self.micro_batches}", f"set micro_batches ≥ {self.pp}")
+        if self.pp > 1 and self.schedule == "interleaved_1f1b" and self.micro_batches % self.pp:
+            raise _refuse("micro_batches", f"interleaved 1F1B needs micro_batches ({self.micro_batches}) to be a "
+                          f"multiple of pp={self.pp}", f"set micro_batches to a multiple of {self.pp}")
+        if self.batch_size % (self.dp * self.micro_batches):
+            raise _refuse("batch_size", f"batch_size={self.batch_size} is not divisible by "
+                          f"dp·micro_batches={self.dp}·{self.micro_batches}",
+                          f"use a multiple of {self.dp * self.micro_batches}")
+        if self.seq_len > m.max_seq_len:
+            raise _refuse("seq_len", f"seq_len={self.seq_len} exceeds model.max_seq_len={m.max_seq_len}",
+                          f"use seq_len ≤ {m.max_seq_len}")
+        if self.zero > 0 and self.dp == 1:
+            raise _refuse("zero", f"ZeRO stage {self.zero} shards across data-parallel ranks, but dp=1",
+                          "set dp ≥ 2 or zero=0")
+        if self.zero <= 1 and self.dp > 1 and self.tp > 1:
+            # torch 2.13: DDP's initial broadcast fails on DTensor parameters, and its built-in TP
+            # workaround (DDP on a mesh slice) removes the parameters from the module after the first
+            # forward, so nothing can be saved or resharded; ZeroRedundancyOptimizer sits on DDP.
+            raise _refuse("zero", f"zero={self.zero} runs data parallel on DDP, which cannot hold tensor-parallel "
+                          f"(DTensor) parameters (dp={self.dp}, tp={self.tp})",
+                          "use zero=2 or zero=3 (FSDP2 composes with tensor parallel), or tp=1")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks this layout needs: dp·tp·pp."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences in one micro-batch on one data-parallel rank."""
+        return self.batch_size // (self.dp * self.micro_batches)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def layout(self) -> str:
+        """A short name for the layout, e.g. "dp2·tp2·zero1·bf16"."""
+        parts = [f"{a}{n}" for a, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1] or ["single"]
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.pp > 1:
+            parts.append(f"{self.schedule}×{self.micro_batches}")
+        if self.activation_checkpointing != "none":
+            parts.append(f"ac:{self.activation_checkpointing}")
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        return "·".join(parts)
+
+    def check_world(self, world_size: int) -> None:
+        """Refuse a layout that does not fill a pool of `world_size` ranks."""
+        if self.world_size != world_size:
+            raise _refuse("dp·tp·pp", f"dp·tp·pp = {self.dp}·{self.tp}·{self.pp} = {self.world_size}, but the pool "
+                          f"has {world_size} ranks", f"choose degrees whose product is {world_size} "
+                          "(changing the number of ranks needs a new Workbench(world_size=...))")
+
+    def check_device(self, device: str, *, fp16: bool = True, bf16: bool = True) -> None:
+        """Refuse a precision the ranks' device cannot run."""
+        if self.precision == "fp16" and not fp16:
+            raise _refuse("precision", f"fp16 is not supported on {device}", 'use precision="bf16" or "fp32"')
+        if self.precision == "bf16" and not bf16:
+            raise _refuse("precision", f"bf16 is not supported on {device}", 'use precision="fp16" or "fp32"')
+
+    def replace(self, **changes) -> "Config":
+        """`dataclasses.replace`, validated."""
+        return dataclasses.replace(self, **changes)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,57 @@
+"""What can go wrong on the ranks, as the notebook sees it."""
+
+from __future__ import annotations
+
+import signal
+
+
+class PoolError(RuntimeError):
+    """Base of every error the pool raises about its ranks."""
+
+
+class WorkerDied(PoolError):
+    """A rank's process ended while the pool needed it."""
+
+    def __init__(self, rank: int, exitcode: int | None = None, detail: str = "") -> None:
+        self.rank, self.exitcode = rank, exitcode
+        how = describe_exit(exitcode) if exitcode is not None else "lost contact"
+        super().__init__(f"rank {rank} died ({how}){': ' + detail if detail else ''}. "
+                         "The other ranks were stopped; call restart() for a fresh pool.")
+
+    @property
+    def signal(self) -> str | None:
+        if self.exitcode is not None and self.exitcode < 0:
+            return signal.Signals(-self.exitcode).name
+        return None
+
+
+class RemoteError(PoolError):
+    """An exception raised on a rank; carries that rank's traceback."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str, note: str = "") -> None:
+        self.rank, self.exc_type, self.remote_message = rank, exc_type, message
+        self.remote_traceback = remote_traceback
+        super().__init__(f"rank {rank} raised {exc_type}: {message}\n\n--- traceback on rank {rank} ---\n"
+                         f"{remote_traceback.rstrip()}{chr(10) + note if note else ''}")
+
+
+class CollectiveTimeout(PoolError):
+    """Ranks made no progress for the pool's timeout: stuck in a collective or in user code."""
+
+    def __init__(self, rank: int, timeout_s: float, ranks: list[int], detail: str) -> None:
+        self.rank, self.timeout_s, self.ranks = rank, timeout_s, ranks
+        super().__init__(f"rank {rank} made no progress for {timeout_s:g} s (ranks stuck: {ranks}).\n{detail}\n"
+                         "The pool was stopped; call restart() for a fresh pool.")
+
+
+class PoolBroken(PoolError):
+    """The pool cannot run commands until restart()."""
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"

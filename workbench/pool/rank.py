@@ -1,0 +1,74 @@
+"""What code running on a rank can use: its identity, state kept across calls, events, flags.
+
+Functions sent with `pool.run` receive nothing special; they import this module:
+
+    from workbench.pool import rank
+    rank.state["model"] = model      # survives until the pool restarts
+    rank.emit(metrics)               # reaches the notebook's subscribers
+    if rank.flag("stop"): ...        # set from the notebook while a command runs
+
+In the notebook process this module is inert: `rank.info` is None there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+state: dict[str, Any] = {}
+"""Objects a rank keeps across commands (model, optimizer, ...). Cleared only by a restart."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str
+    """"cpu" or "cuda:N": where this rank computes."""
+    backend: str
+    """"gloo" or "nccl"."""
+    host: str
+
+
+info: RankInfo | None = None
+_flags: dict[str, Any] = {}
+_send: Callable[[dict], None] | None = None
+
+
+def _require() -> RankInfo:
+    if info is None:
+        raise RuntimeError("workbench.pool.rank is only usable on a rank (inside pool.run)")
+    return info
+
+
+def get_rank() -> int:
+    return _require().rank
+
+
+def get_world_size() -> int:
+    return _require().world_size
+
+
+def emit(event: Any) -> None:
+    """Send a small picklable record to the notebook; it also counts as progress for hang detection."""
+    _require()
+    _send({"type": "event", "event": event})
+
+
+def progress() -> None:
+    """Tell the notebook this rank is alive and working (long commands without events call this)."""
+    _require()
+    _send({"type": "progress"})
+
+
+def flag(name: str, default: Any = None) -> Any:
+    """A value set from the notebook with `pool.set_flag(name, value)`, visible while commands run."""
+    return _flags.get(name, default)
+
+
+def unchecked():
+    """A context in which this rank's collectives skip the pool's mismatch check (see collective_check)."""
+    from workbench.pool.collective_check import unchecked as _unchecked
+
+    return _unchecked()

@@ -1,0 +1,1 @@
+"""Telemetry: what ranks measure, the records that carry it, and the notebook-side store."""

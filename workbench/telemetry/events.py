@@ -1,0 +1,78 @@
+"""The small frozen records that cross from ranks to the notebook.
+
+They hold plain Python numbers and strings only (no tensors), so the notebook
+process never needs torch to read them and pickling them is cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+IntervalKind = Literal["compute", "comm"]
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """One timed span on one rank, in nanoseconds of the rank's monotonic clock."""
+
+    kind: IntervalKind
+    """"compute" (forward, backward, optimizer, pipeline action) or "comm" (a collective)."""
+    name: str
+    """What ran: "forward", "backward", "optimizer", "all_reduce", "all_gather", "send", ..."""
+    start_ns: int
+    end_ns: int
+    bytes: int = 0
+    """Payload of a collective in bytes as nccl-tests counts its size S: the whole buffer, i.e. the
+    output of all_gather, the input of reduce_scatter and all_to_all, the one tensor otherwise; 0 for compute."""
+    group_size: int = 1
+    """Ranks taking part in the collective; 1 for compute."""
+    stream: str = "main"
+    """The thread or CUDA stream it ran on."""
+    group: str = ""
+    """Process group of a collective: its description (e.g. "mesh_dp") or name; "" for compute."""
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) * 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    """What one rank reports for one optimizer step."""
+
+    step: int
+    """Global step number, counting from 1 across every apply() of a Workbench."""
+    loss: float
+    """Mean training loss of the global batch (identical on every rank)."""
+    tokens: int
+    """Tokens in the global batch of this step."""
+    step_time_s: float
+    """Wall time of the step on this rank, from batch fetch to optimizer done."""
+    tokens_per_s: float
+    """Global tokens per second: tokens / step_time_s."""
+    rank: int = 0
+    layout: str = ""
+    """Short name of the layout that ran the step, e.g. "dp2·zero1"."""
+    skipped: bool = False
+    """True when the step was skipped on every rank (fp16 overflow, out of memory)."""
+    skip_reason: str = ""
+    loss_scale: float | None = None
+    """fp16 dynamic loss scale after the step; None for other precisions."""
+    # --- filled by telemetry probes (zero / empty when telemetry is off) ---
+    memory: dict[str, int] = field(default_factory=dict)
+    """Bytes by category at the end of the step: parameters, gradients, optimizer, activations, other."""
+    peak_memory: dict[str, int] = field(default_factory=dict)
+    """Peak bytes by category during the step (activations peak mid-step)."""
+    comm_time_s: float = 0.0
+    """Union of all communication intervals of the step, in seconds."""
+    exposed_comm_s: float = 0.0
+    """Communication time during which no computation ran: what overlap failed to hide."""
+    overlap: float | None = None
+    """Fraction of communication time during which computation also ran; None without communication."""
+    flops: float = 0.0
+    """Model FLOPs of the step on this rank (forward + backward, from the model's formula)."""
+    mfu: float | None = None
+    """flops / step_time_s / peak FLOP/s of the device; None when the peak is unknown."""
+    intervals: tuple[Interval, ...] = ()
+    """Every timed span of the step on this rank."""
