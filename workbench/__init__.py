@@ -9,7 +9,8 @@
 from workbench.config import Config, ConfigError, ModelConfig
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
+from workbench.workbench import LayoutChange, Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
-           "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval"]
+           "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange"]
 __version__ = "0.1.0"

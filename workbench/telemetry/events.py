@@ -42,7 +42,7 @@ class StepMetrics:
     """What one rank reports for one optimizer step."""
 
     step: int
-    """Global step number, counting from 1 across every apply() of a Workbench."""
+    """Index of the global batch this step trained on, counting from 0 across every apply() of a Workbench."""
     loss: float
     """Mean training loss of the global batch (identical on every rank)."""
     tokens: int

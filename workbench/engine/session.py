@@ -1,0 +1,94 @@
+"""What a rank keeps between notebook cells: the trainer, and the commands the Workbench sends.
+
+Each public function here runs on every rank at once through `Pool.run`.
+The trainer lives in `workbench.pool.rank.state["session"]`, so a model keeps
+training across cells and across layout changes until the pool restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.config import Config
+from workbench.engine.data import TokenData
+from workbench.engine.mesh import build_mesh, mesh_layout
+from workbench.engine.state import export_full_state, import_full_state
+from workbench.engine.trainer import Flags, Trainer
+from workbench.pool import rank
+from workbench.telemetry.events import StepMetrics
+
+
+@dataclass
+class Session:
+    trainer: Trainer
+    next_step: int
+    """Index of the global batch the next step trains on; continues across layout changes."""
+    meshes: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+
+
+def _session() -> Session:
+    session = rank.state.get("session")
+    if session is None:
+        raise RuntimeError("no model on the ranks yet: call bench.apply(cfg) first")
+    return session
+
+
+def _device_type() -> str:
+    return rank.info.device.split(":")[0]
+
+
+def capabilities() -> dict[str, Any]:
+    """What this rank's device can do, for validating a Config before it is sent."""
+    device = rank.info.device
+    if device.startswith("cuda"):
+        major, _ = torch.cuda.get_device_capability(device)
+        return {"device": device, "name": torch.cuda.get_device_name(device), "bf16": major >= 8, "fp16": True}
+    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True}
+
+
+def apply(cfg: Config, corpus: str | Path | None) -> dict[str, Any]:
+    """Build the layout `cfg` describes; if a model exists, carry its trained state over (reshard in place).
+
+    The new trainer is complete before the old one is dropped, so a failure
+    here leaves the previous model as it was.
+    """
+    old: Session | None = rank.state.get("session")
+    with rank.unchecked():
+        state = export_full_state(old.trainer) if old is not None else None
+        meshes = old.meshes if old is not None else {}
+        layout = mesh_layout(cfg).shape
+        # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
+        if layout not in meshes:
+            meshes[layout] = build_mesh(cfg, _device_type())
+        trainer = Trainer(cfg, meshes[layout], rank.info.device, TokenData.for_config(cfg, corpus))
+        if state is not None:
+            import_full_state(trainer, state)
+        dist.barrier()
+    rank.state["session"] = Session(trainer, old.next_step if old is not None else 0, meshes)
+    del old, state
+    return {"layout": cfg.layout, "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
+
+
+def train(steps: int, run_id: int) -> list[StepMetrics]:
+    """Train `steps` steps, emitting each step's metrics; stop early, on every rank together, when asked."""
+    session = _session()
+    done: list[StepMetrics] = []
+    with rank.unchecked():
+        for _ in range(steps):
+            # The request may reach ranks at different moments; the step's all-reduce makes them agree.
+            metrics = session.trainer.step(session.next_step, Flags(stop=rank.flag("stop") == run_id))
+            session.next_step += 1
+            rank.emit(metrics)
+            done.append(metrics)
+            if session.trainer.agreed.stop:
+                break
+    return done
+
+
+def next_step() -> int:
+    return _session().next_step

@@ -1,0 +1,151 @@
+"""The notebook's handle on a training session: a pool of ranks, the model on them, and what it reported.
+
+    with wb.Workbench(world_size=2) as bench:
+        bench.apply(wb.Config(dp=2))
+        bench.train(steps=50).wait()
+        bench.apply(wb.Config(tp=2))      # reshard in place: training continues where it was
+        bench.train(steps=50).wait()
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Config, ConfigError
+from workbench.pool import Handle, Pool
+from workbench.telemetry.events import StepMetrics
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """Where in the run a layout took effect: the loss plot marks these."""
+
+    step: int
+    config: Config
+
+
+class Run:
+    """Training running in the background on the ranks; the notebook stays free."""
+
+    def __init__(self, bench: "Workbench", handle: Handle, run_id: int, steps: int) -> None:
+        self._bench, self._handle, self.id, self.steps = bench, handle, run_id, steps
+
+    @property
+    def done(self) -> bool:
+        return self._handle.done()
+
+    def wait(self, timeout: float | None = None) -> list[StepMetrics]:
+        """Block until the run ends; rank 0's metrics, one per step (a rank's failure is raised here)."""
+        return self._handle.result(timeout)[0]
+
+    def stop(self, timeout: float | None = None) -> list[StepMetrics]:
+        """End the run at the next step boundary, every rank at the same step; returns what ran."""
+        self._bench.pool.set_flag("stop", self.id)
+        return self.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"Run(id={self.id}, steps={self.steps}, done={self.done})"
+
+
+class Workbench:
+    """A pool of ranks holding one model that notebook cells configure, train and inspect.
+
+    world_size: ranks to start (local processes, one per GPU on CUDA).
+    corpus: folder of text to train on; None is the Python standard library's source.
+    Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
+    """
+
+    def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, pool: Pool | None = None,
+                 **pool_kwargs: Any) -> None:
+        self.corpus = corpus
+        self.pool = pool or Pool(world_size, preload=("workbench.engine.session",), **pool_kwargs)
+        self.config: Config | None = None
+        self.history: list[StepMetrics] = []
+        """Rank 0's metrics of every step so far, across applies (the loss is the global batch's)."""
+        self.layout_changes: list[LayoutChange] = []
+        self._lock = threading.Lock()
+        self._run: Run | None = None
+        self._run_ids = itertools.count(1)
+        self._capabilities: dict[str, Any] | None = None
+        self.pool.subscribe(self._on_event)
+
+    # -- configure -------------------------------------------------------------------------------
+    def check(self, cfg: Config) -> None:
+        """Raise ConfigError if `cfg` cannot run on this pool (touches no rank's model)."""
+        if not isinstance(cfg, Config):
+            raise ConfigError(f"config: expected a wb.Config, got {type(cfg).__name__}. Fix: pass wb.Config(...).")
+        cfg.check_world(self.pool.world_size)
+        caps = self.capabilities
+        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"])
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What the ranks' device supports (asked once)."""
+        if self._capabilities is None:
+            from workbench.engine import session
+
+            self._capabilities = self.pool.run(session.capabilities)[0]
+        return self._capabilities
+
+    def apply(self, cfg: Config) -> dict[str, Any]:
+        """Build the model in `cfg`'s layout, or reshard the trained one into it; training state carries over.
+
+        An invalid config is refused before any rank is touched; the current model stays as it was.
+        """
+        self.check(cfg)
+        self._require_idle("apply a new layout")
+        from workbench.engine import session
+
+        info = self.pool.run(session.apply, cfg, self.corpus)[0]
+        with self._lock:
+            step = self.history[-1].step + 1 if self.history else 0
+            self.layout_changes.append(LayoutChange(step, cfg))
+            self.config = cfg
+        return info
+
+    # -- train -----------------------------------------------------------------------------------
+    def train(self, steps: int = 100) -> Run:
+        """Start training for `steps` steps in the background; returns a Run at once."""
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+        if self.config is None:
+            raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
+        self._require_idle("start another run")
+        from workbench.engine import session
+
+        run_id = next(self._run_ids)
+        self._run = Run(self, self.pool.run_async(session.train, steps, run_id), run_id, steps)
+        return self._run
+
+    @property
+    def running(self) -> Run | None:
+        """The run in progress, if any."""
+        return self._run if self._run is not None and not self._run.done else None
+
+    def _require_idle(self, what: str) -> None:
+        if self.running is not None:
+            raise RuntimeError(f"cannot {what} while a run is training: call run.stop() (or run.wait()) first")
+
+    def _on_event(self, rank: int, event: Any) -> None:
+        if rank == 0 and isinstance(event, StepMetrics):
+            with self._lock:
+                self.history.append(event)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End every rank; the model on them is gone (save first to keep it)."""
+        self.pool.close()
+
+    def __enter__(self) -> "Workbench":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        layout = self.config.layout if self.config else "no model"
+        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)})"
