@@ -7,10 +7,13 @@
 """
 
 from workbench.config import Config, ConfigError, ModelConfig
+from workbench.estimate import Estimate, estimate
+from workbench.hardware import Hardware
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.workbench import LayoutChange, Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
-           "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange"]
+           "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
+           "Hardware"]
 __version__ = "0.1.0"

@@ -1,0 +1,484 @@
+"""Predicted memory, FLOPs, communication and step time of a `Config` on a hardware profile, from shapes alone.
+
+Pure arithmetic with no torch import, so the notebook can re-run it on every
+widget change. Figures are per rank; with pipeline parallelism every stage is
+estimated and the most loaded one reported. The model is `engine/model.py`
+run the way the engine runs it: fp32 parameters, gradients and AdamW moments,
+bf16/fp16 through autocast. Everything else assumed is listed in
+`ASSUMPTIONS` and printed with each estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from workbench.config import Config, ModelConfig
+from workbench.hardware import Hardware, profile, si
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"]
+Axis = Literal["dp", "tp", "pp"]
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""DDP's default gradient bucket (bucket_cap_mb=25): one all-reduce per bucket."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+
+ASSUMPTIONS = (
+    "fp32 parameters and gradients (4 B each) and two fp32 AdamW moments (8 B) per parameter; bf16/fp16 run "
+    "through autocast, so the fp32 parameters are the master copy and there is no other",
+    "ZeRO 0 = DDP (its buckets a second copy of the gradients, as gradient_as_bucket_view is off; with tp > 1 "
+    "FSDP2's replicate, one all-reduce per block), 1 = + ZeroRedundancyOptimizer, 2 = FSDP2 without resharding "
+    "after forward, 3 = FSDP2; FSDP2 units are the blocks, and the rest of a stage is the root",
+    "gradients are synchronised once per step (DDP no_sync, pipeline schedules); FSDP2 without a pipeline "
+    "reduce-scatters after every micro-batch; within a pipeline it accumulates full gradients, and ZeRO-2 then "
+    "gathers parameters once per step; ZeRO-3 gathers each unit for every forward and backward",
+    "tensor parallel is Megatron-style with sequence parallel (DTensor plans): attention and MLP weights, the "
+    "embedding (vocab-parallel) and the head split across tp, norms replicated; the logits are gathered for the "
+    "loss (no loss parallel)",
+    "activations are the tensors autograd saves for backward, term by term as torch's CPU kernels save them for "
+    "this model (a fused GPU RMSNorm may save less); under autocast each in-flight micro-batch also holds the "
+    "2-byte copies of the weights it used",
+    "checkpointed blocks keep only their input; one block's activations are rebuilt at a time in backward",
+    "peak memory is the sum of every category, with no credit for freeing before the peak",
+    "model FLOPs count attention over the full seq² square (causal masking not halved), like PaLM's MFU and "
+    "torch's FlopCounterMode; recomputation is executed but not model FLOPs",
+    "every collective runs at the profile's link bandwidth with ring algorithms, no latency term; ranks are in one "
+    "NVLink domain",
+    "gradient syncs hide behind the backward they follow, FSDP all-gathers behind the rest of the compute; "
+    "tensor-parallel collectives, pipeline sends and ZeRO-1's parameter broadcast are exposed",
+)
+
+
+def _matmul_params(m: ModelConfig) -> tuple[int, int]:
+    """Elements of one block's weight matrices, and of the output head."""
+    attn = 2 * m.dim * m.n_heads * m.head_dim + 2 * m.dim * m.kv_heads * m.head_dim
+    return attn + 3 * m.dim * m.hidden_dim, m.dim * m.vocab_size
+
+
+def flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """Model FLOPs of forward + backward for one token at sequence length `seq_len`.
+
+    6 · (weight-matrix elements, output head included; the embedding is a lookup)
+    + 12 · layers · seq_len · dim for attention's q·kᵀ and p·v, counted over the
+    full square (not halved for causality), as FlopCounterMode counts them.
+    """
+    block, head = _matmul_params(model)
+    return 6 * (model.n_layers * block + head) + 12 * model.n_layers * seq_len * model.n_heads * model.head_dim
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on one rank, in the categories the telemetry measures (plus communication copies, kept apart)."""
+
+    parameters: int
+    """fp32 parameters held between steps (÷dp under ZeRO-3)."""
+    gradients: int
+    """fp32 gradients (÷dp under ZeRO-2 and 3)."""
+    optimizer: int
+    """AdamW's two fp32 moments (÷dp under ZeRO-1, 2 and 3)."""
+    buffers: int
+    """Copies made for communication: DDP's gradient buckets; FSDP2's gathered parameters (all of them under ZeRO-2,
+    the units in flight under ZeRO-3) and full gradients before their reduce-scatter."""
+    activations: int
+    """Tensors saved for backward by the micro-batches in flight, plus one recomputed block under checkpointing."""
+    other: int
+    """The loss's working set: logits (and their fp32 copy under autocast) while the loss is computed."""
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.buffers + self.activations + self.other
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective on one mesh axis, summed over a step, as one rank sees it."""
+
+    axis: Axis
+    kind: CollectiveKind
+    what: str
+    calls: int
+    """Calls per step."""
+    bytes: int
+    """Payload per step: the input size of each call (as the telemetry records it), summed."""
+    wire_bytes: int
+    """Bytes this rank sends per step with ring algorithms: 2(n-1)/n of the data for all-reduce, (n-1)/n for
+    all-gather, reduce-scatter and broadcast, all of it for a send."""
+    time_s: float
+    """wire_bytes at the link bandwidth."""
+    exposed_s: float
+    """The part of time_s no computation hides."""
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One pipeline stage; every rank of the stage (across dp and tp) looks the same."""
+
+    stage: int
+    layers: tuple[int, ...]
+    """Global indices of the blocks this stage holds."""
+    params: int
+    """Parameter elements of the stage's shard after the tensor-parallel split, before ZeRO sharding."""
+    memory: Memory
+    flops: float
+    """FLOPs one rank of this stage executes per step, recomputation included."""
+    compute_s: float
+    """This rank's own compute per step, without pipeline bubbles."""
+    comm: tuple[Collective, ...]
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(c.exposed_s for c in self.comm)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a Config is predicted to need and do on a hardware profile; `table()` prints it."""
+
+    config: Config
+    hardware: Hardware
+    efficiency: float
+    """The stated MFU assumption: the fraction of peak FLOP/s that executed FLOPs reach."""
+    stages: tuple[StageEstimate, ...]
+    model_flops: float
+    """Model FLOPs per step, all ranks together: flops_per_token · tokens per step."""
+    compute_s: float
+    """Compute per step on the slowest stage, pipeline bubble included."""
+    assumptions: tuple[str, ...] = ASSUMPTIONS
+
+    @property
+    def peak_stage(self) -> StageEstimate:
+        """The stage with the most memory: the one that decides whether the configuration fits."""
+        return max(self.stages, key=lambda s: s.memory.total)
+
+    @property
+    def critical_stage(self) -> StageEstimate:
+        """The stage whose exposed communication is longest: the one that sets the step time."""
+        return max(self.stages, key=lambda s: s.exposed_comm_s)
+
+    @property
+    def memory(self) -> Memory:
+        return self.peak_stage.memory
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.hardware.memory_bytes
+
+    @property
+    def comm(self) -> tuple[Collective, ...]:
+        return self.critical_stage.comm
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.critical_stage.exposed_comm_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s
+
+    @property
+    def flops_per_token(self) -> float:
+        return flops_per_token(self.config.model, self.config.seq_len)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.config.tokens_per_step / self.step_time_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs over step time and the peak of every rank: what the telemetry would report."""
+        peak = self.hardware.peak(self.config.precision) * self.config.world_size
+        return self.model_flops / self.step_time_s / peak
+
+    def comm_bytes(self) -> dict[str, int]:
+        """Bytes one rank sends per step on the critical stage, by collective kind."""
+        totals: dict[str, int] = {}
+        for c in self.comm:
+            totals[c.kind] = totals.get(c.kind, 0) + c.wire_bytes
+        return totals
+
+    def table(self) -> str:
+        """A plain-text summary that reads well in a notebook cell."""
+        cfg, hw, mem = self.config, self.hardware, self.memory
+        peak = self.peak_stage
+        where = f" (stage {peak.stage} of {cfg.pp})" if cfg.pp > 1 else ""
+        lines = [
+            f"estimate  {cfg.layout} on {cfg.world_size} × {hw.name} ({'measured' if hw.measured else 'datasheet'})",
+            f"model     {si(cfg.model.num_params, '').rstrip().replace('G', 'B')} parameters, "
+            f"{si(self.flops_per_token, 'FLOP')}/token "
+            f"at seq_len {cfg.seq_len}; {cfg.tokens_per_step:,} tokens/step",
+            f"memory per rank{where}",
+        ]
+        for name in ("parameters", "gradients", "optimizer", "buffers", "activations", "other"):
+            lines.append(f"  {name:<12} {si(getattr(mem, name), 'B'):>10}")
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        lines.append(f"  {'total':<12} {si(mem.total, 'B'):>10}  of {si(hw.memory_bytes, 'B')}: {verdict}")
+        lines.append(f"compute   {si(self.model_flops, 'FLOP')}/step; {self.compute_s * 1e3:,.1f} ms at "
+                     f"{self.efficiency:.0%} of {si(hw.peak(cfg.precision), 'FLOP/s')} {cfg.precision}"
+                     + (" (with the pipeline bubble)" if cfg.pp > 1 else ""))
+        if self.comm:
+            crit = f" (stage {self.critical_stage.stage})" if cfg.pp > 1 else ""
+            lines.append(f"comm per step per rank{crit}")
+            lines.append(f"  {'':<3} {'collective':<15} {'what':<38} {'calls':>6} {'on wire':>10} {'time':>10} "
+                         f"{'exposed':>10}")
+            for c in self.comm:
+                lines.append(f"  {c.axis:<3} {c.kind:<15} {c.what:<38} {c.calls:>6} {si(c.wire_bytes, 'B'):>10} "
+                             f"{c.time_s * 1e3:>7.2f} ms {c.exposed_s * 1e3:>7.2f} ms")
+        lines.append(f"step      {self.step_time_s * 1e3:,.1f} ms (exposed comm {self.exposed_comm_s * 1e3:,.1f} ms); "
+                     f"MFU {self.mfu:.0%}; {self.tokens_per_s:,.0f} tokens/s")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        # IPython shows this instead of the dataclass repr when an estimate ends a cell.
+        printer.text(self.table())
+
+
+def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: float = 0.4) -> Estimate:
+    """Predict per-rank memory, FLOPs, communication and step time of `cfg` on `hardware`.
+
+    `efficiency` is the stated MFU assumption: executed FLOPs run at that fraction of the device's peak.
+    """
+    hw = profile(hardware) if isinstance(hardware, str) else hardware
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
+    peak = hw.peak(cfg.precision) * efficiency
+    plans = [_StagePlan(cfg, rank, layers) for rank, layers in enumerate(_stage_layers(cfg))]
+    # Every stage advances in lockstep with the slowest one; the bubble adds (pp-1)/v idle micro-batch slots.
+    slowest_mb_s = max(p.flops for p in plans) / peak / cfg.micro_batches
+    compute_s = slowest_mb_s * (cfg.micro_batches + (cfg.pp - 1) / _chunks(cfg))
+    stages = tuple(p.finish(hw, peak, compute_s) for p in plans)
+    model_flops = flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
+    return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=stages, model_flops=model_flops,
+                    compute_s=compute_s)
+
+
+def _chunks(cfg: Config) -> int:
+    """Model chunks per pipeline rank: stages_per_rank for the interleaved schedule, else one."""
+    return cfg.stages_per_rank if cfg.pp > 1 and cfg.schedule == "interleaved_1f1b" else 1
+
+
+def _stage_layers(cfg: Config) -> list[tuple[int, ...]]:
+    """The global block indices each pipeline rank holds; interleaved ranks hold every pp-th chunk."""
+    chunks = _chunks(cfg)
+    per_chunk = cfg.model.n_layers // (cfg.pp * chunks)
+    return [tuple(i for c in range(chunks) for i in range((c * cfg.pp + rank) * per_chunk,
+                                                            (c * cfg.pp + rank + 1) * per_chunk))
+            for rank in range(cfg.pp)]
+
+
+def _ceil_div(a: float, b: int) -> int:
+    return math.ceil(a / b)
+
+
+class _StagePlan:
+    """The arithmetic for one pipeline rank, in the order a step runs: shapes, memory, FLOPs, then collectives."""
+
+    def __init__(self, cfg: Config, rank: int, layers: tuple[int, ...]) -> None:
+        m, tp = cfg.model, cfg.tp
+        self.cfg, self.rank, self.layers = cfg, rank, layers
+        self.first, self.last = self.rank == 0, self.rank == cfg.pp - 1
+        self.chunks = _chunks(cfg)
+        self.autocast = cfg.precision in ("bf16", "fp16")
+        self.act_bytes = 2 if self.autocast else 4
+        block_full, head_full = _matmul_params(m)
+        # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
+        self.block_matmul = block_full // tp
+        self.block_params = self.block_matmul + 2 * m.dim
+        self.embedding = _ceil_div(m.vocab_size, tp) * m.dim
+        self.head = _ceil_div(m.vocab_size, tp) * m.dim
+        self.root = self.first * self.embedding + self.last * (self.head + m.dim)
+        self.params = len(layers) * self.block_params + self.root
+        # Parameter tensors: 7 matrices and 2 norm weights per block; embedding; final norm and head.
+        self.tensors = 9 * len(layers) + self.first + 2 * self.last
+        self.tokens = cfg.micro_batch_size * cfg.seq_len
+        if cfg.activation_checkpointing == "full":
+            self.checkpointed = len(layers)
+        elif cfg.activation_checkpointing == "selective":
+            self.checkpointed = sum(1 for i in layers if i % 2 == 0)
+        else:
+            self.checkpointed = 0
+        attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
+        block_train = 3 * (2 * block_full + attn_fwd)
+        recompute = 2 * block_full + attn_fwd
+        per_token = len(layers) * block_train + self.checkpointed * recompute + self.last * 3 * 2 * head_full
+        self.flops = per_token * self.tokens * cfg.micro_batches / tp
+
+    # --- memory -----------------------------------------------------------------------------------------------
+
+    def block_activations(self) -> int:
+        """Bytes one block saves for backward for one micro-batch, measured term by term on this model.
+
+        Per token, with a = 2 under autocast else 4, sequence-parallel parts ÷ tp:
+          two RMSNorms: input, 1/rms and x/rms in fp32          (16·dim + 8) ÷ tp
+          inputs of wq,wk,wv and w1,w3 (gathered, full length)  8·dim fp32; 10·dim under autocast (one cast each)
+          attention: rotated q and k, v, output; logsumexp      (a·(2·dim + 2·kv_dim) + 4·heads) ÷ tp
+          SwiGLU: w1 out, silu out, w3 out, product             4·a·hidden ÷ tp
+        plus, under autocast, the 2-byte copy of the block's weights.
+        """
+        m, tp, a = self.cfg.model, self.cfg.tp, self.act_bytes
+        kv_dim = m.kv_heads * m.head_dim
+        sharded = 16 * m.dim + 8 + a * (2 * m.dim + 2 * kv_dim) + 4 * m.n_heads + 4 * a * m.hidden_dim
+        gathered = 10 * m.dim if self.autocast else 8 * m.dim
+        casts = 2 * self.block_matmul if self.autocast else 0
+        return round(self.tokens * (sharded / tp + gathered)) + casts
+
+    def edge_activations(self) -> int:
+        """Bytes saved outside the blocks: token ids (first stage); final norm, head input, log-probs (last)."""
+        m, tp = self.cfg.model, self.cfg.tp
+        saved = 8 * self.tokens if self.first else 0
+        if self.last:
+            head_input = 2 * m.dim if self.autocast else 4 * m.dim
+            # log_softmax keeps its fp32 output over the whole (gathered) vocabulary, plus the int64 targets.
+            per_token = (8 * m.dim + 4) / tp + head_input + 4 * m.vocab_size + 8
+            saved += round(self.tokens * per_token) + (2 * self.head if self.autocast else 0)
+        return saved
+
+    def in_flight(self) -> float:
+        """Micro-batches whose activations this rank holds at its peak, as the schedule orders forwards/backwards."""
+        cfg = self.cfg
+        if cfg.pp == 1:
+            return 1
+        if cfg.schedule == "gpipe":
+            return cfg.micro_batches
+        if cfg.schedule == "1f1b":
+            return min(cfg.micro_batches, cfg.pp - self.rank)
+        # torch's ScheduleInterleaved1F1B warms up (v-1)·pp + 2·(pp-1-rank) chunk-forwards before its first backward.
+        warmup = (self.chunks - 1) * cfg.pp + 2 * (cfg.pp - 1 - self.rank)
+        return min(warmup + 1, cfg.micro_batches * self.chunks) / self.chunks
+
+    def memory(self) -> Memory:
+        cfg, m = self.cfg, self.cfg.model
+        dp, zero = cfg.dp, cfg.zero
+        params = 4 * self.params
+        # DDP copies every gradient into its flat buckets (FSDP2's replicate, used under tp, does not).
+        buffers = params if zero <= 1 and dp > 1 and cfg.tp == 1 else 0
+        if zero >= 2:
+            largest_unit = max(self.root, self.block_params if self.layers else 0)
+            # Within a pipeline, FSDP2 accumulates full gradients until the last micro-batch; alone, it
+            # reduce-scatters each unit's gradient as backward finishes it.
+            grads_before_sync = params if cfg.pp > 1 else 4 * largest_unit
+            if zero == 2:
+                gathered = params
+            else:
+                # The root stays gathered from forward to backward; blocks are gathered one ahead of use.
+                gathered = 4 * (self.root + min(2, len(self.layers)) * self.block_params)
+            buffers = gathered + grads_before_sync
+        block = self.block_activations()
+        kept = (len(self.layers) - self.checkpointed) * block + self.checkpointed * self._checkpoint_input()
+        recompute = block if self.checkpointed else 0
+        activations = round(self.in_flight() * (kept + self.edge_activations())) + recompute
+        # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
+        other = self.tokens * m.vocab_size * (6 if self.autocast else 4) if self.last else 0
+        return Memory(
+            parameters=_ceil_div(params, dp if zero == 3 else 1),
+            gradients=_ceil_div(params, dp if zero >= 2 else 1),
+            optimizer=_ceil_div(2 * params, dp if zero >= 1 else 1),
+            buffers=buffers,
+            activations=activations,
+            other=other,
+        )
+
+    def _checkpoint_input(self) -> int:
+        # A checkpointed block keeps only its input: the fp32 residual stream, sequence-sharded under tp.
+        return _ceil_div(4 * self.tokens * self.cfg.model.dim, self.cfg.tp)
+
+    # --- communication ----------------------------------------------------------------------------------------
+
+    def finish(self, hw: Hardware, peak: float, step_compute_s: float) -> StageEstimate:
+        """The stage's estimate, once the pipeline-wide compute time is known."""
+        compute_s = self.flops / peak
+        backward_mb_s = compute_s / self.cfg.micro_batches * 2 / 3
+        comm = [*self._dp_comm(hw, step_compute_s, backward_mb_s), *self._tp_comm(hw), *self._pp_comm(hw)]
+        return StageEstimate(stage=self.rank, layers=self.layers, params=self.params, memory=self.memory(),
+                             flops=self.flops, compute_s=compute_s, comm=tuple(c for c in comm if c.calls))
+
+    def _collective(self, hw: Hardware, axis: Axis, kind: CollectiveKind, what: str, calls: int, payload: float,
+                    group: int, hidden_by: float = 0.0) -> Collective:
+        """One collective summed over a step; `payload` is the full data each call moves (before any split)."""
+        share = (group - 1) / group
+        wire = {"all_reduce": 2 * share, "send_recv": 1.0}.get(kind, share) * payload * calls
+        inputs = payload / group if kind == "all_gather" else payload
+        time_s = wire / hw.link_bw
+        return Collective(axis=axis, kind=kind, what=what, calls=calls, bytes=round(inputs * calls),
+                          wire_bytes=round(wire), time_s=time_s, exposed_s=max(0.0, time_s - hidden_by))
+
+    def _dp_comm(self, hw: Hardware, step_compute_s: float, backward_mb_s: float) -> list[Collective]:
+        cfg = self.cfg
+        if cfg.dp == 1:
+            return []
+        grads, m, units = 4 * self.params, cfg.micro_batches, len(self.layers) + (self.root > 0)
+        if cfg.zero <= 1:
+            if cfg.tp > 1:
+                calls, what = units, "gradients (replicate, per block)"
+            else:
+                # DDP's first bucket is small (1 MiB) so that communication starts early in backward.
+                calls, what = 1 + math.ceil(max(0, grads - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES), "gradients"
+            out = [self._collective(hw, "dp", "all_reduce", what, calls, grads / calls, cfg.dp,
+                                    hidden_by=backward_mb_s)]
+            if cfg.zero == 1:
+                # ZeroRedundancyOptimizer broadcasts each updated parameter tensor from the rank that owns it.
+                out.append(self._collective(hw, "dp", "broadcast", "updated parameters (ZeRO-1)", self.tensors,
+                                            grads / self.tensors, cfg.dp))
+            return out
+        sync_each_mb = cfg.pp == 1
+        syncs = m if sync_each_mb else 1
+        sync_window = backward_mb_s * syncs
+        rest = max(0.0, step_compute_s - sync_window)
+        if cfg.zero == 2:
+            gathers = m if sync_each_mb else 1
+            gather_bytes, gather_calls = grads * gathers, units * gathers
+        else:
+            # Each micro-batch gathers every unit for forward and all but the root again for backward.
+            gather_bytes = m * (2 * grads - 4 * self.root)
+            gather_calls = m * (2 * units - (self.root > 0))
+        return [
+            self._collective(hw, "dp", "all_gather", f"parameters (ZeRO-{cfg.zero})", gather_calls,
+                             gather_bytes / gather_calls, cfg.dp, hidden_by=rest),
+            self._collective(hw, "dp", "reduce_scatter", "gradients", units * syncs, grads / units, cfg.dp,
+                             hidden_by=sync_window),
+        ]
+
+    def _tp_comm(self, hw: Hardware) -> list[Collective]:
+        cfg, m = self.cfg, self.cfg.model
+        if cfg.tp == 1:
+            return []
+        mb, a, tp = cfg.micro_batches, self.act_bytes, cfg.tp
+        act = self.tokens * m.dim
+        # Per block and micro-batch, sequence parallel gathers the fp32 norm outputs before attention and MLP and
+        # reduce-scatters their a-byte outputs; backward mirrors that; recomputation repeats the forward half.
+        forwards = len(self.layers) + self.checkpointed
+        gather_bytes = mb * 2 * (forwards * 4 + len(self.layers) * a) * act
+        scatter_bytes = mb * 2 * (forwards * a + len(self.layers) * 4) * act
+        calls = mb * 2 * (forwards + len(self.layers))
+        # The vocab-parallel embedding reduce-scatters its output; the head gathers its input (and backward
+        # mirrors both).
+        edges = self.first + self.last
+        gather_bytes += mb * edges * 4 * act
+        scatter_bytes += mb * edges * 4 * act
+        out = [
+            self._collective(hw, "tp", "all_gather", "sequence-parallel activations", calls + mb * edges,
+                             gather_bytes / (calls + mb * edges), tp),
+            self._collective(hw, "tp", "reduce_scatter", "sequence-parallel activations", calls + mb * edges,
+                             scatter_bytes / (calls + mb * edges), tp),
+            self._collective(hw, "tp", "all_reduce", "norm weight gradients", mb,
+                             4 * m.dim * (2 * len(self.layers) + self.last), tp),
+        ]
+        if self.last:
+            out.append(self._collective(hw, "tp", "all_gather", "logits for the loss", mb,
+                                        self.tokens * m.vocab_size * a, tp))
+        return out
+
+    def _pp_comm(self, hw: Hardware) -> list[Collective]:
+        cfg = self.cfg
+        if cfg.pp == 1:
+            return []
+        last_stage = cfg.pp * self.chunks - 1
+        stages = [c * cfg.pp + self.rank for c in range(self.chunks)]
+        # Forward sends the fp32 residual stream on (sequence-sharded under tp); backward sends its gradient back.
+        sends = sum(s != last_stage for s in stages) + sum(s != 0 for s in stages)
+        payload = 4 * self.tokens * cfg.model.dim / cfg.tp
+        return [self._collective(hw, "pp", "send_recv", "activations and their gradients",
+                                 sends * cfg.micro_batches, payload, 2)]

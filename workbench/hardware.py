@@ -1,0 +1,165 @@
+"""Hardware profiles the estimator predicts for: datasheet figures for GPUs, a measured peak for this machine's CPU.
+
+Pure data, no torch import: the notebook kernel reads these without loading
+torch. Only `measure_cpu` imports torch, when it is called.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+GB = 1e9
+TB = 1e12
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device: peak dense FLOP/s by precision, memory size and bandwidth, and the per-GPU link bandwidth."""
+
+    name: str
+    peak_flops: dict[str, float]
+    """Dense FLOP/s by precision ("fp32", "tf32", "bf16", "fp16", "fp8"); absent where the device has none."""
+    memory_bytes: float
+    """Device memory, bytes."""
+    mem_bw: float
+    """Memory bandwidth, bytes/s."""
+    link_bw: float
+    """Bandwidth of one device's link to its peers, bytes/s per direction (NVLink within a node)."""
+    measured: bool
+    """True when the figures were measured on this machine rather than taken from a datasheet."""
+
+    def peak(self, precision: str) -> float:
+        """Peak FLOP/s at `precision`; refuses one the device has no figure for."""
+        try:
+            return self.peak_flops[precision]
+        except KeyError:
+            raise ValueError(f"{self.name} has no {precision} peak; it has {sorted(self.peak_flops)}") from None
+
+    def __str__(self) -> str:
+        flops = ", ".join(f"{p} {si(v, 'FLOP/s')}" for p, v in self.peak_flops.items())
+        how = "measured" if self.measured else "datasheet"
+        return (f"{self.name} ({how}): {flops}; {si(self.memory_bytes, 'B')} at {si(self.mem_bw, 'B/s')}; "
+                f"link {si(self.link_bw, 'B/s')}")
+
+
+def si(value: float, unit: str) -> str:
+    """`value` with an SI prefix and three significant digits: si(9.895e14, "FLOP/s") == "990 TFLOP/s"."""
+    scaled, prefix = value, ""
+    for bigger in "kMGTPE":
+        # Compare the rounded figure, so 999.7 becomes "1 k", not "1e+03".
+        if abs(float(f"{scaled:.3g}")) < 1000:
+            break
+        scaled, prefix = scaled / 1000, bigger
+    return f"{scaled:.3g} {prefix}{unit}"
+
+
+# Memory is the datasheet's "GB" read as 10^9 bytes: a little under what a process can allocate (an H100 80GB shows
+# 81,559 MiB in nvidia-smi), so a configuration that "fits" here has a margin for the CUDA context and allocator.
+# NVLink figures are NVIDIA's bidirectional totals halved, since a ring collective is limited by one direction.
+
+H100 = Hardware(
+    # NVIDIA H100 Tensor Core GPU datasheet, SXM5 column (nvidia.com/en-us/data-center/h100): tensor-core
+    # figures there are quoted with 2:4 sparsity; dense is half (BF16 1,979 -> 989, TF32 989 -> 494).
+    name="h100",
+    peak_flops={"fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp16": 989.5 * TFLOPS,
+                "fp8": 1979 * TFLOPS},
+    memory_bytes=80 * GB,
+    mem_bw=3.35 * TB,
+    link_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional per GPU
+    measured=False,
+)
+
+H200 = Hardware(
+    # NVIDIA H200 Tensor Core GPU datasheet, SXM column (nvidia.com/en-us/data-center/h200): the H100's compute
+    # with 141 GB of HBM3e at 4.8 TB/s and the same NVLink 4.
+    name="h200",
+    peak_flops=dict(H100.peak_flops),
+    memory_bytes=141 * GB,
+    mem_bw=4.8 * TB,
+    link_bw=450 * GB,
+    measured=False,
+)
+
+A100 = Hardware(
+    # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column (nvidia.com/en-us/data-center/a100): FP32 19.5,
+    # TF32 156 and BF16/FP16 312 TFLOP/s dense (312/624 with sparsity); HBM2e at 2,039 GB/s; no FP8.
+    name="a100",
+    peak_flops={"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
+    memory_bytes=80 * GB,
+    mem_bw=2.039 * TB,
+    link_bw=300 * GB,  # NVLink 3: 600 GB/s bidirectional per GPU
+    measured=False,
+)
+
+DATASHEETS: dict[str, Hardware] = {h.name: h for h in (H100, H200, A100)}
+
+GLOO_LOOPBACK_BW = 0.85 * GB
+"""gloo all-reduce bus bandwidth between two ranks on one 2-core machine (16-64 MiB payloads), measured for this
+project; the CPU profile's link, since ranks on one machine talk through loopback TCP."""
+
+
+def profile(name: str) -> Hardware:
+    """A profile by name: "h100", "h200", "a100" (datasheets) or "cpu" (measured here, once per process)."""
+    key = name.lower()
+    if key == "cpu":
+        return measure_cpu()
+    try:
+        return DATASHEETS[key]
+    except KeyError:
+        raise ValueError(f"unknown hardware {name!r}; use one of {sorted([*DATASHEETS, 'cpu'])} "
+                         "or pass a Hardware(...)") from None
+
+
+@functools.cache
+def measure_cpu(budget_s: float = 0.3) -> Hardware:
+    """This machine's CPU with torch's current thread count: matmul peak per precision and copy bandwidth, measured.
+
+    Each precision gets about `budget_s` seconds; the peak is the best rate over square matmuls of growing size.
+    """
+    import torch
+
+    peaks = {name: _matmul_peak(torch, dtype, budget_s)
+             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
+    return Hardware(
+        name="cpu",
+        peak_flops=peaks,
+        memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        mem_bw=_copy_bandwidth(torch),
+        link_bw=GLOO_LOOPBACK_BW,
+        measured=True,
+    )
+
+
+def _matmul_peak(torch, dtype, budget_s: float) -> float:
+    best, n, deadline = 0.0, 128, time.perf_counter() + budget_s
+    while n <= 2048 and time.perf_counter() < deadline:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        start = time.perf_counter()
+        a @ b  # warm-up: thread pool, kernel selection
+        single = time.perf_counter() - start
+        # Size the repeat count to a slice of the budget; a slow precision (fp16 without hardware support) stops
+        # growing n before a single product could overrun the budget.
+        reps = max(1, int(budget_s / 6 / max(single, 1e-9)))
+        start = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+        if single * 8 > budget_s:
+            break
+        n *= 2
+    return best
+
+
+def _copy_bandwidth(torch, size: int = 64 << 20, reps: int = 4) -> float:
+    src = torch.empty(size, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages first, so page faults are not timed
+    start = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    # A copy reads and writes every byte.
+    return 2 * size * reps / (time.perf_counter() - start)
