@@ -1,0 +1,158 @@
+"""Rank functions for the pipeline tests (importable, so pooled or spawned ranks can run them).
+
+Each takes plain arguments, runs on every rank of an initialised gloo world,
+and returns picklable results; the tests compare them with `reference_losses`,
+a single process training the whole model on the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from workbench.config import Config
+from workbench.engine.mesh import build_mesh
+from workbench.engine.model import build_model, loss_fn
+from workbench.engine.parallel.pipeline import build_pipeline
+
+
+def batch(cfg: Config, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`: random byte tokens, targets shifted by one."""
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, cfg.seq_len + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def reference_losses(cfg: Config, steps: int) -> list[float]:
+    """One process, the whole model, the whole batch, AdamW: what every layout must reproduce."""
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    losses = []
+    for step in range(steps):
+        inputs, targets = batch(cfg, step)
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _parallelize(kind: str | None, mesh: DeviceMesh, cfg: Config) -> Callable[[nn.Module], nn.Module] | None:
+    """"ddp" or "fsdp": our own DP over the mesh's "dp" axis (DDP; FSDP2 per block + chunk), independent of
+    the engine's; "engine": the engine's `parallelize` (TP → AC → DP/ZeRO as cfg says)."""
+    if kind is None:
+        return None
+    if kind == "engine":
+        from workbench.engine.parallelize import parallelize
+
+        return lambda chunk: parallelize(chunk, mesh, cfg)
+    dp_mesh = mesh["dp"]
+    if kind == "ddp":
+        return lambda chunk: nn.parallel.DistributedDataParallel(chunk, process_group=dp_mesh.get_group())
+
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(chunk: nn.Module) -> nn.Module:
+        for block in chunk.layers.values():
+            fully_shard(block, mesh=dp_mesh)
+        return fully_shard(chunk, mesh=dp_mesh)
+
+    return shard
+
+
+def _compute_actions(order: list) -> list[str]:
+    return [str(a) for a in order if a is not None and a.computation_type.value in ("F", "B")]
+
+
+def train(cfg: Config, steps: int, parallel: str | None = None) -> dict:
+    """Train `steps` steps through the pipeline; report losses (last stage), timings and names."""
+    torch.manual_seed(0)
+    mesh = build_mesh(cfg, "cpu")
+    model = build_model(cfg.model, cfg.seed)
+    runner = build_pipeline(model, mesh, cfg, loss_fn, "cpu", _parallelize(parallel, mesh, cfg))
+    params = [p for m in runner.modules for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    intervals: list[tuple] = []
+    runner.on_action = lambda kind, stage, mb, t0, t1: intervals.append((runner.pp_rank, stage, mb, kind, t0, t1))
+    dp_rank, local = mesh["dp"].get_local_rank(), cfg.batch_size // cfg.dp
+    losses = []
+    for step in range(steps):
+        intervals.clear()
+        inputs, targets = batch(cfg, step)
+        rows = slice(dp_rank * local, (dp_rank + 1) * local)
+        loss = runner.step(inputs[rows], targets[rows])
+        opt.step()
+        opt.zero_grad()
+        losses.append(None if loss is None else loss.item())
+    return {
+        "pp_rank": runner.pp_rank,
+        "dp_rank": dp_rank,
+        "stage_ids": runner.stage_ids,
+        "losses": losses if runner.is_last else None,
+        "fqns": sorted(n for m in runner.modules for n, _ in m.named_parameters()),
+        "torch_order": _compute_actions(runner.schedule.pipeline_order[runner.pp_rank]),
+        "intervals": list(intervals),
+    }
+
+
+def autocast_dtypes(cfg: Config, precisions: list[str]) -> dict[str, dict]:
+    """One step per precision: the dtypes this rank's Linear layers produced, the loss, whether grads are finite."""
+    mesh = init_device_mesh("cpu", (cfg.pp,), mesh_dim_names=("pp",))
+    results = {}
+    for precision in precisions:
+        runner = build_pipeline(build_model(cfg.model, cfg.seed), mesh, cfg.replace(precision=precision), loss_fn, "cpu")
+        seen: set[str] = set()
+        for module in runner.modules[0].modules():
+            if isinstance(module, nn.Linear):
+                module.register_forward_hook(lambda _m, _a, out: seen.add(str(out.dtype)))
+        inputs, targets = batch(cfg, 0)
+        loss = runner.step(inputs, targets)
+        params = [p for m in runner.modules for p in m.parameters()]
+        results[precision] = {
+            "dtypes": sorted(seen),
+            "param_dtypes": sorted({str(p.dtype) for p in params}),
+            "grads_finite": all(bool(p.grad.isfinite().all()) for p in params),
+            "loss": None if loss is None else loss.item(),
+            "autocast_left_on": torch.is_autocast_enabled("cpu"),
+        }
+    return results
+
+
+def loss_scale_grads(cfg: Config, scale: float) -> dict:
+    """Gradients and loss of one step with and without a loss scale (same weights, same batch)."""
+    mesh = init_device_mesh("cpu", (cfg.pp,), mesh_dim_names=("pp",))
+    runner = build_pipeline(build_model(cfg.model, cfg.seed), mesh, cfg, loss_fn, "cpu")
+    inputs, targets = batch(cfg, 0)
+    results = []
+    for scale_loss in (None, lambda loss: loss * scale):
+        loss = runner.step(inputs, targets, scale_loss=scale_loss)
+        grads = {n: p.grad.clone() for m in runner.modules for n, p in m.named_parameters()}
+        for m in runner.modules:
+            m.zero_grad()
+        results.append((None if loss is None else loss.item(), grads))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    ratio = max(float((grads_b[n] - scale * grads_a[n]).abs().max() / grads_b[n].abs().max()) for n in grads_a)
+    return {"losses": (loss_a, loss_b), "max_rel_err": ratio}
+
+
+def torch_orders(cases: list[tuple[str, int, int, int]]) -> list[list[str]]:
+    """For each (schedule, pp, microbatches, stages_per_rank): this rank's F/B order as torch's schedule
+    object computes it (built over the whole world, never stepped)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    rank, cpu = dist.get_rank(), torch.device("cpu")
+    orders = []
+    for schedule, pp, microbatches, per_rank in cases:
+        if schedule == "interleaved_1f1b":
+            stages = [PipelineStage(nn.Identity(), rank + k * pp, pp * per_rank, cpu) for k in range(per_rank)]
+            sched = ScheduleInterleaved1F1B(stages, microbatches, loss_fn=loss_fn)
+        else:
+            sched = ScheduleGPipe(PipelineStage(nn.Identity(), rank, pp, cpu), microbatches, loss_fn=loss_fn)
+        orders.append(_compute_actions(sched.pipeline_order[rank]))
+    return orders

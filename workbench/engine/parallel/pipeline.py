@@ -1,0 +1,281 @@
+"""Pipeline parallel: the model cut into chunks of consecutive blocks, run by torch's schedules.
+
+The transformer's blocks are split into pp·v chunks (v = stages_per_rank for
+interleaved 1F1B, else 1); the embedding goes with the first chunk and the
+final norm and output head with the last. A chunk is the model itself with
+the other blocks deleted and the other parts set to None, so its parameter
+names stay those of the full model ("layers.5.attention.wq.weight") and
+checkpoints written by any layout load into any other. Rank r on the "pp" axis
+holds stages r, r+pp, r+2pp, ... (torch's "loop" placement).
+
+Each chunk becomes a `torch.distributed.pipelining.PipelineStage` and the
+stages are driven by `ScheduleGPipe`, `Schedule1F1B` or
+`ScheduleInterleaved1F1B` (Huang et al. 2019; Narayanan et al. 2021). The
+schedule owns data-parallel gradient sync: DDP runs every micro-batch but the
+last under `no_sync`; FSDP2 (and `replicate`) run all of them with
+`set_requires_gradient_sync(False)` and reduce after the last, so under
+pipelining a ZeRO-2/3 stage holds unsharded gradients until the step's end.
+
+Loss scaling: torch's schedules backpropagate each micro-batch's loss as is, so
+the gradients add up over micro-batches. Each micro-batch's mean loss is
+divided by m before its backward (and then multiplied by the fp16 loss scale,
+when one is given), so the accumulated gradient is the gradient of the batch's
+mean loss, exactly what one process computes on the whole batch; the DP
+wrappers then average over dp ranks. Dividing the loss rather than letting
+torch divide `.grad` afterwards (`scale_grads=True`) keeps every scaling in one
+place that also carries GradScaler's factor.
+
+Mixed precision: each chunk's forward runs under `torch.autocast`, entered by a
+forward pre-hook and left by a forward hook. Hooks (not a wrapper module) keep
+the parameter names and the module class, which DDP/FSDP and the stage's
+isinstance checks rely on; and because they sit on the chunk, they also cover
+the stage's shape-inference forward on the first step, so the activation
+dtypes it infers (and allocates receive buffers for) are those that training
+sends. Backward runs outside autocast, as torch recommends.
+
+Telemetry: set `runner.on_action = hook`; every forward and backward of one
+micro-batch through one stage then calls
+`hook(kind, stage, microbatch, start_ns, end_ns)` with kind "F" or "B" and
+`time.monotonic_ns()` times (on CUDA after a device synchronize, so they are
+kernel times, not launch times). F excludes the loss, which the schedule
+computes just after it; the last B of each stage includes DDP's gradient
+all-reduce, which its hooks run inside backward (FSDP's reduce-scatter runs
+after the last B and is not inside any interval). Waits for activations and
+gradients from other ranks fall between intervals: that is the bubble, which
+`schedule_grid.measured_bubble` computes from the intervals.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+from torch.nn.parallel import DistributedDataParallel
+
+from workbench.config import Config
+from workbench.engine.model import Transformer
+from workbench.engine.parallel.schedule_grid import Grid, Kind, schedule_grid
+
+ActionHook = Callable[[Kind, int, int, int, int], None]
+"""on_action(kind, stage, microbatch, start_ns, end_ns): one measured F or B."""
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def split_layers(n_layers: int, n_stages: int) -> list[range]:
+    """The global block indices of each stage: n_stages runs of consecutive blocks, equal in size."""
+    if n_layers % n_stages:
+        raise ValueError(f"{n_stages} pipeline stages do not divide {n_layers} layers; choose a divisor of n_layers")
+    per = n_layers // n_stages
+    return [range(s * per, (s + 1) * per) for s in range(n_stages)]
+
+
+def stages_of_rank(pp_rank: int, pp: int, stages_per_rank: int) -> list[int]:
+    """Loop placement: rank r holds stages r, r+pp, r+2pp, ... (what torch's multi-stage schedules expect)."""
+    return [pp_rank + k * pp for k in range(stages_per_rank)]
+
+
+def model_chunk(model: Transformer, layers: range, *, first: bool, last: bool) -> Transformer:
+    """A deep copy of `model` that keeps only `layers`, plus the embedding if `first` and norm + output if `last`.
+
+    The parts it drops are never copied: deepcopy's memo maps each of them to
+    None, so the copy costs only the chunk's own parameters and holds None
+    where they were.
+    """
+    dropped: list[nn.Module | None] = [block for key, block in model.layers.items() if int(key) not in layers]
+    if not first:
+        dropped.append(model.tok_embeddings)
+    if not last:
+        dropped += [model.norm, model.output]
+    chunk = copy.deepcopy(model, {id(m): None for m in dropped if m is not None})
+    for key in [key for key, block in chunk.layers.items() if block is None]:
+        del chunk.layers[key]
+    return chunk
+
+
+def autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """Make `module`'s forward run under torch.autocast, keeping its class and parameter names."""
+    active: list[torch.autocast] = []
+
+    def enter(_module: nn.Module, _args: Any) -> None:
+        ctx = torch.autocast(device_type, dtype=dtype)
+        ctx.__enter__()
+        active.append(ctx)
+
+    def leave(_module: nn.Module, _args: Any, _output: Any) -> None:
+        active.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    # always_call: leave autocast even when the forward raises, or it would leak into the caller.
+    module.register_forward_hook(leave, always_call=True)
+
+
+class _TimedStage(PipelineStage):
+    """A PipelineStage that reports the interval of each forward and backward to `on_action`."""
+
+    on_action: ActionHook | None = None
+
+    def _now(self) -> int:
+        if torch.device(self.device).type == "cuda":
+            # Kernels run asynchronously; without a sync the interval would be the launch, not the work.
+            torch.cuda.synchronize(self.device)
+        return time.monotonic_ns()
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        if self.on_action is None:
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        start = self._now()
+        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        self.on_action("F", self.stage_index, fwd_chunk_id, start, self._now())
+        return output
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> None:
+        if self.on_action is None:
+            return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        start = self._now()
+        super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self.on_action("B", self.stage_index, bwd_chunk_id, start, self._now())
+
+
+class _MicroBatchLoss:
+    """The loss torch's schedule backpropagates per micro-batch: mean loss / m, times the loss scale if any.
+
+    Also keeps the unscaled losses, which are what a step reports.
+    """
+
+    def __init__(self, loss_fn: LossFn, microbatches: int) -> None:
+        self.loss_fn = loss_fn
+        self.microbatches = microbatches
+        self.scale: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.losses: list[torch.Tensor] = []
+
+    def begin(self, scale: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.scale = scale
+        self.losses.clear()
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(output, target)
+        self.losses.append(loss.detach())
+        loss = loss / self.microbatches
+        return self.scale(loss) if self.scale is not None else loss
+
+    def step_mean(self) -> torch.Tensor:
+        # The schedule's first step also calls the loss once to infer shapes: only the last m are this step's.
+        return torch.stack(self.losses[-self.microbatches:]).mean()
+
+
+class PipelineRunner:
+    """The stages this rank holds and the schedule that runs them; `step()` is one forward + backward."""
+
+    def __init__(self, stages: list[_TimedStage], schedule: PipelineScheduleSingle | PipelineScheduleMulti,
+                 loss: _MicroBatchLoss, cfg: Config, pp_rank: int) -> None:
+        self.stages = stages
+        self.schedule = schedule
+        """The torch.distributed.pipelining schedule object (its `pipeline_order` is torch's own grid)."""
+        self.cfg = cfg
+        self.pp_rank = pp_rank
+        self._loss = loss
+        self._on_action: ActionHook | None = None
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        """This rank's chunks, as parallelized (DDP/FSDP wrapped): the optimizer takes their parameters."""
+        return [stage.submod for stage in self.stages]
+
+    @property
+    def stage_ids(self) -> list[int]:
+        """Global stage indices held by this rank."""
+        return [stage.stage_index for stage in self.stages]
+
+    @property
+    def is_first(self) -> bool:
+        return any(stage.is_first for stage in self.stages)
+
+    @property
+    def is_last(self) -> bool:
+        return any(stage.is_last for stage in self.stages)
+
+    @property
+    def on_action(self) -> ActionHook | None:
+        """Called with (kind, stage, microbatch, start_ns, end_ns) after every F and B; None turns timing off."""
+        return self._on_action
+
+    @on_action.setter
+    def on_action(self, hook: ActionHook | None) -> None:
+        self._on_action = hook
+        for stage in self.stages:
+            stage.on_action = hook
+
+    def grid(self) -> Grid:
+        """The ideal time-step × rank grid of this pipeline's schedule."""
+        cfg = self.cfg
+        return schedule_grid(cfg.schedule, cfg.pp, cfg.micro_batches, len(self.stages))
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *,
+             scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """Forward + backward of this dp rank's batch in cfg.micro_batches micro-batches.
+
+        Gradients accumulate into the chunks' parameters, equal to those of the
+        batch's mean loss. Returns the mean loss over micro-batches on the rank
+        holding the last stage, None elsewhere. `scale_loss` (e.g.
+        `GradScaler.scale`) multiplies each micro-batch's loss before backward.
+        """
+        self._loss.begin(scale_loss)
+        device = self.stages[0].device
+        args = (inputs.to(device),) if self.is_first else ()
+        target = targets.to(device) if self.is_last else None
+        # return_outputs=False: the logits of every micro-batch would otherwise be kept for the caller.
+        self.schedule.step(*args, target=target, return_outputs=False)
+        return self._loss.step_mean() if self.is_last else None
+
+
+def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: LossFn, device: torch.device | str,
+                   parallelize_chunk: Callable[[nn.Module], nn.Module] | None = None) -> PipelineRunner:
+    """Cut `model` into this rank's stages along the mesh's "pp" axis and build cfg.schedule over them.
+
+    `model` is the full model, identical on every rank; it is left untouched.
+    `parallelize_chunk` applies TP/AC/DP to one chunk (for FSDP2 it must
+    `fully_shard` the chunk itself, so the stage sees an FSDPModule and
+    controls its gradient sync).
+    """
+    pp_mesh = mesh["pp"]
+    pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
+    if pp != cfg.pp:
+        raise ValueError(f"the mesh's pp axis has {pp} ranks but cfg.pp={cfg.pp}; build the mesh from this Config")
+    device = torch.device(device)
+    per_rank = cfg.stages_per_rank if cfg.schedule == "interleaved_1f1b" else 1
+    n_stages = pp * per_rank
+    layers = split_layers(model.cfg.n_layers, n_stages)
+    loss = _MicroBatchLoss(loss_fn, cfg.micro_batches)
+
+    stages: list[_TimedStage] = []
+    for stage_id in stages_of_rank(pp_rank, pp, per_rank):
+        chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
+        if cfg.precision in _AUTOCAST_DTYPES:
+            autocast_forward(chunk, device.type, _AUTOCAST_DTYPES[cfg.precision])
+        if parallelize_chunk is not None:
+            chunk = parallelize_chunk(chunk)
+        if isinstance(chunk, DistributedDataParallel):
+            # The stage arms DDP's reducer itself before the last micro-batch's backward. DDP's own
+            # forward would arm it too whenever sync is on, which in a pipeline happens only in the
+            # stage's one-off shape-inference forward (no backward follows): the reducer then counts
+            # every parameter twice and fails an internal assert. So DDP's forward never syncs here.
+            chunk.require_backward_grad_sync = False
+        stages.append(_TimedStage(chunk, stage_id, n_stages, device, group=pp_mesh.get_group()))
+
+    # scale_grads=False: the loss is already divided by m (see the module docstring).
+    if cfg.schedule == "interleaved_1f1b":
+        schedule: PipelineScheduleSingle | PipelineScheduleMulti = ScheduleInterleaved1F1B(
+            stages, cfg.micro_batches, loss_fn=loss, scale_grads=False)
+    else:
+        single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
+        schedule = single(stages[0], cfg.micro_batches, loss_fn=loss, scale_grads=False)
+    return PipelineRunner(stages, schedule, loss, cfg, pp_rank)

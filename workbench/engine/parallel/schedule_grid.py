@@ -1,0 +1,289 @@
+"""Pipeline schedules as data: who runs which forward (F) or backward (B) at each time step.
+
+Pure Python (no torch), so the notebook, the estimators and the tests can draw
+and compare schedules without processes. Two sources produce the same `Grid`:
+
+- `schedule_grid(schedule, pp, microbatches, stages_per_rank)`: the order in
+  which each rank runs its actions under torch.distributed.pipelining's
+  schedule (GPipe, 1F1B, interleaved 1F1B), placed on unit time steps as early
+  as the dependencies allow (F of stage s needs F of stage s-1; B of stage s
+  needs B of stage s+1 and its own F). Every F and B takes one step, as in
+  torch's own printed schedules.
+- `measured_grid(intervals)`: the order each rank actually ran (from timed
+  intervals), placed the same way, so it can be compared cell by cell with the
+  ideal grid; `measured_bubble(intervals)` gives the idle fraction in real time.
+
+Cells print as torch prints its actions: "1F0" is stage 1, forward, micro-batch 0.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from workbench.config import Schedule
+
+Kind = Literal["F", "B"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Action:
+    """One unit of pipeline work: a forward or full backward of one micro-batch through one stage."""
+
+    stage: int
+    kind: Kind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        """"1F0" → Action(1, "F", 0), the inverse of str()."""
+        for kind in ("F", "B"):
+            stage, sep, mb = text.partition(kind)
+            if sep:
+                return cls(int(stage), kind, int(mb))
+        raise ValueError(f"not an action: {text!r} (expected e.g. '1F0' or '0B3')")
+
+
+class ActionInterval(NamedTuple):
+    """A measured action on one rank, in nanoseconds of a clock shared by the ranks (same host: monotonic)."""
+
+    rank: int
+    stage: int
+    microbatch: int
+    kind: Kind
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Grid:
+    """rows[rank][time_step] is the action that rank runs at that step, or None when it idles (the bubble)."""
+
+    rows: tuple[tuple[Action | None, ...], ...]
+
+    @property
+    def pp(self) -> int:
+        return len(self.rows)
+
+    @property
+    def steps(self) -> int:
+        return max((len(r) for r in self.rows), default=0)
+
+    def at(self, rank: int, step: int) -> Action | None:
+        row = self.rows[rank]
+        return row[step] if step < len(row) else None
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle cells / all cells, over ranks × steps (every action counted as one step)."""
+        total = self.pp * self.steps
+        busy = sum(a is not None for row in self.rows for a in row)
+        return (total - busy) / total if total else 0.0
+
+    def orders(self) -> list[list[Action]]:
+        """Each rank's actions in the order it runs them (the grid without its idle cells)."""
+        return [[a for a in row if a is not None] for row in self.rows]
+
+    @classmethod
+    def parse(cls, text: str) -> "Grid":
+        """Read back what str() prints (a header line, then one line per rank; "." is idle)."""
+        rows = []
+        for line in text.strip().splitlines()[1:]:
+            row = [None if c == "." else Action.parse(c) for c in line.split()[1:]]
+            while row and row[-1] is None:
+                row.pop()
+            rows.append(tuple(row))
+        return cls(tuple(rows))
+
+    def __str__(self) -> str:
+        width = max([len(str(a)) for row in self.rows for a in row if a is not None] + [len(str(self.steps - 1))])
+        header = "rank " + " ".join(f"{t:>{width}}" for t in range(self.steps))
+        lines = [header]
+        for rank in range(self.pp):
+            cells = (str(self.at(rank, t)) if self.at(rank, t) else "." for t in range(self.steps))
+            lines.append(f"{rank:>4} " + " ".join(f"{c:>{width}}" for c in cells))
+        return "\n".join(lines)
+
+
+def ideal_bubble_fraction(pp: int, microbatches: int, stages_per_rank: int = 1) -> float:
+    """Idle time / total time of a pipeline step with equal F and B costs: (p-1) / (v·m + p-1).
+
+    With one stage per rank (v=1) this is GPipe's and 1F1B's (p-1)/(m+p-1).
+    Interleaving v stages per rank makes each fill/drain step v times shorter;
+    Megatron's paper states it as bubble/compute = (p-1)/(v·m), i.e. (p-1)/m
+    divided by v, which is the same schedule measured against compute instead
+    of total time.
+    """
+    return (pp - 1) / (stages_per_rank * microbatches + pp - 1)
+
+
+def rank_orders(schedule: Schedule, pp: int, microbatches: int, stages_per_rank: int = 1) -> list[list[Action]]:
+    """The order in which each rank runs its F and B actions under torch's schedule of that name.
+
+    Mirrors torch.distributed.pipelining (ScheduleGPipe, Schedule1F1B,
+    ScheduleInterleaved1F1B with stages placed in loop style: rank r holds
+    stages r, r+pp, ...); tests check it against the schedule objects' own
+    `pipeline_order`.
+    """
+    if pp < 1 or microbatches < 1 or stages_per_rank < 1:
+        raise ValueError(f"pp, microbatches and stages_per_rank must be ≥ 1, got {pp}, {microbatches}, {stages_per_rank}")
+    if schedule == "gpipe":
+        return [[Action(r, "F", i) for i in range(microbatches)] + [Action(r, "B", i) for i in range(microbatches)]
+                for r in range(pp)]
+    if schedule == "1f1b":
+        return [_one_f_one_b(r, pp, microbatches) for r in range(pp)]
+    if schedule == "interleaved_1f1b":
+        return [_interleaved(r, pp, microbatches, stages_per_rank) for r in range(pp)]
+    raise ValueError(f"unknown schedule {schedule!r}; use 'gpipe', '1f1b' or 'interleaved_1f1b'")
+
+
+def _one_f_one_b(rank: int, pp: int, m: int) -> list[Action]:
+    # Warm up with enough forwards to fill the pipe below this rank, then alternate
+    # (one F, one B) so at most pp - rank micro-batches hold activations, then drain.
+    warmup = min(m, pp - rank - 1)
+    order = [Action(rank, "F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [Action(rank, "F", warmup + i), Action(rank, "B", i)]
+    return order + [Action(rank, "B", i) for i in range(m - warmup, m)]
+
+
+def _interleaved(rank: int, pp: int, m: int, v: int) -> list[Action]:
+    # torch's ScheduleInterleaved1F1B: micro-batches go round the v local stages in
+    # rounds of `per_round`; forwards walk the local stages upwards, backwards downwards,
+    # and the warm-up is one round per extra local stage plus 2 per hop from the last rank.
+    rounds = max(1, m // pp)
+    if m % rounds:
+        raise ValueError(f"interleaved 1F1B needs microbatches ({m}) to be a multiple of {rounds} (= m // pp)")
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
+    total = m * v
+
+    def fwd_stage(op: int) -> int:
+        return (op // per_round) % v * pp + rank
+
+    def bwd_stage(op: int) -> int:
+        return (v - 1 - ((op - warmup) // per_round) % v) * pp + rank
+
+    next_f: dict[int, int] = defaultdict(int)
+    next_b: dict[int, int] = defaultdict(int)
+    order: list[Action] = []
+
+    def emit(kind: Kind, stage: int, counter: dict[int, int]) -> None:
+        order.append(Action(stage, kind, counter[stage]))
+        counter[stage] += 1
+
+    for op in range(total + warmup):
+        if op < total:
+            emit("F", fwd_stage(op), next_f)
+        if op >= warmup:
+            emit("B", bwd_stage(op), next_b)
+    return order
+
+
+def place(orders: Sequence[Sequence[Action]], stages_per_rank: int = 1) -> Grid:
+    """Put each rank's ordered actions on unit time steps, each as early as its dependencies allow.
+
+    Stage s lives on rank s % pp (loop style). Raises ValueError if the orders
+    deadlock (an action waits on one that can never run first).
+    """
+    pp = len(orders)
+    last_stage = pp * stages_per_rank - 1
+    done: dict[Action, int] = {}
+    rows: list[list[Action | None]] = [[] for _ in range(pp)]
+    cursor = [0] * pp
+    step = 0
+    while any(cursor[r] < len(orders[r]) for r in range(pp)):
+        progressed = False
+        for r in range(pp):
+            if cursor[r] < len(orders[r]) and all(done.get(d, step) < step for d in _needs(orders[r][cursor[r]], last_stage)):
+                action = orders[r][cursor[r]]
+                rows[r].append(action)
+                done[action] = step
+                cursor[r] += 1
+                progressed = True
+            else:
+                rows[r].append(None)
+        if not progressed:
+            stuck = {r: str(orders[r][cursor[r]]) for r in range(pp) if cursor[r] < len(orders[r])}
+            raise ValueError(f"schedule deadlocks at step {step}: waiting actions {stuck}")
+        step += 1
+    # Trailing idle cells carry no information; rows end at their last action.
+    for row in rows:
+        while row and row[-1] is None:
+            row.pop()
+    return Grid(tuple(tuple(row) for row in rows))
+
+
+def _needs(action: Action, last_stage: int) -> tuple[Action, ...]:
+    s, mb = action.stage, action.microbatch
+    if action.kind == "F":
+        return (Action(s - 1, "F", mb),) if s > 0 else ()
+    return (Action(s, "F", mb),) + ((Action(s + 1, "B", mb),) if s < last_stage else ())
+
+
+def schedule_grid(schedule: Schedule, pp: int, microbatches: int, stages_per_rank: int = 1) -> Grid:
+    """The ideal time-step × rank grid of a schedule (each F and B one step)."""
+    v = stages_per_rank if schedule == "interleaved_1f1b" else 1
+    return place(rank_orders(schedule, pp, microbatches, v), v)
+
+
+def measured_grid(intervals: Iterable[ActionInterval | tuple]) -> Grid:
+    """The grid of the orders the ranks actually ran, placed like `schedule_grid` for a cell-by-cell comparison."""
+    by_rank = _by_rank(intervals)
+    pp = max(by_rank) + 1
+    stages = max(iv.stage for ivs in by_rank.values() for iv in ivs) + 1
+    orders = [[Action(iv.stage, iv.kind, iv.microbatch) for iv in by_rank.get(r, [])] for r in range(pp)]
+    return place(orders, stages // pp)
+
+
+@dataclass(frozen=True)
+class MeasuredBubble:
+    """Idle fractions over the step's window (earliest start to latest end, across all ranks)."""
+
+    fraction: float
+    """Mean over ranks of idle time / window."""
+    per_rank: tuple[float, ...]
+    window_ns: int
+
+
+def measured_bubble(intervals: Iterable[ActionInterval | tuple]) -> MeasuredBubble:
+    """Idle time / total time per rank, from measured F/B intervals.
+
+    The window is common to all ranks, so the time a later rank waits for the
+    pipeline to fill counts as its bubble; that needs timestamps from one clock
+    (ranks on one host share CLOCK_MONOTONIC).
+    """
+    by_rank = _by_rank(intervals)
+    pp = max(by_rank) + 1
+    start = min(iv.start_ns for ivs in by_rank.values() for iv in ivs)
+    end = max(iv.end_ns for ivs in by_rank.values() for iv in ivs)
+    window = end - start
+    per_rank = tuple(1.0 - _union_ns(by_rank.get(r, [])) / window if window else 0.0 for r in range(pp))
+    return MeasuredBubble(sum(per_rank) / pp, per_rank, window)
+
+
+def _by_rank(intervals: Iterable[ActionInterval | tuple]) -> dict[int, list[ActionInterval]]:
+    by_rank: dict[int, list[ActionInterval]] = defaultdict(list)
+    for iv in intervals:
+        iv = ActionInterval(*iv)
+        by_rank[iv.rank].append(iv)
+    if not by_rank:
+        raise ValueError("no intervals")
+    for ivs in by_rank.values():
+        ivs.sort(key=lambda iv: iv.start_ns)
+    return by_rank
+
+
+def _union_ns(intervals: list[ActionInterval]) -> int:
+    busy, reach = 0, None
+    for iv in sorted(intervals, key=lambda iv: iv.start_ns):
+        lo = iv.start_ns if reach is None else max(iv.start_ns, reach)
+        if iv.end_ns > lo:
+            busy += iv.end_ns - lo
+        reach = iv.end_ns if reach is None else max(reach, iv.end_ns)
+    return busy
