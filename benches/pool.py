@@ -58,6 +58,41 @@ def bench_torchrun() -> list[float]:
     return times
 
 
+def _pipe_rank(conn) -> None:
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        conn.send(msg)
+
+
+def bench_pipe_prototype() -> list[float]:
+    """The floor: two bare processes answering over multiprocessing pipes (no signing, no pickled functions)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for _ in range(2):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_pipe_rank, args=(child,))
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+    rtts = []
+    for i in range(1050):
+        t = time.perf_counter()
+        for c in pipes:
+            c.send(i)
+        for c in pipes:
+            c.recv()
+        if i >= 50:
+            rtts.append(time.perf_counter() - t)
+    for c, p in zip(pipes, procs):
+        c.send(None)
+        p.join()
+    return rtts
+
+
 def bench_pool(check_collectives: bool):
     import workbench as wb
 
@@ -85,12 +120,15 @@ def bench_pool(check_collectives: bool):
 
 def main() -> None:
     print(f"machine: {os.cpu_count()} cores; torch {__import__('torch').__version__}")
+    pipe = bench_pipe_prototype()
     launcher = bench_launcher()
     torchrun = bench_torchrun()
     cold, rtts, first, warm = bench_pool(check_collectives=True)
     _, rtts_fast, _, warm_fast = bench_pool(check_collectives=False)
     a = median(warm)
+    print(f"pool round trip / pipe prototype:          {median(rtts) / median(pipe):.2f}×")
     print(f"pool start (2 ranks, cold):                 {cold:.2f} s")
+    print(f"no-op round trip, bare pipe prototype:      median {median(pipe) * 1e3:.3f} ms, p95 {p95(pipe) * 1e3:.3f} ms")
     print(f"no-op round trip to all ranks (checked):     median {median(rtts) * 1e3:.3f} ms, p95 {p95(rtts) * 1e3:.3f} ms")
     print(f"no-op round trip (check_collectives=False): median {median(rtts_fast) * 1e3:.3f} ms, "
           f"p95 {p95(rtts_fast) * 1e3:.3f} ms")

@@ -19,7 +19,7 @@ def _intruder(pool):
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IDENTITY, b"intruder")
-    sock.connect(f"tcp://{pool.address}")
+    sock.connect(pool.address if pool.address.startswith("ipc://") else f"tcp://{pool.address}")
     return sock
 
 
@@ -86,11 +86,22 @@ def test_every_pool_process_listens_on_loopback_only(pool):
     for per_rank in pool.run(rank_fns.listening_sockets):
         assert per_rank, "gloo listens for its peers"
         assert {ip for ip, _ in per_rank} <= loopback, per_rank
-    host, port = pool.address.rsplit(":", 1)
-    assert host == "127.0.0.1"
-    mine = [c for c in psutil.Process().net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)]
-    assert mine and all(c.laddr.ip in loopback for c in mine)
+    # The notebook's end listens on a unix socket in the pool's private directory: no TCP port at all.
+    assert pool.address.startswith("ipc://")
+    path = pool.address.removeprefix("ipc://")
+    assert stat.S_ISSOCK(os.stat(path).st_mode)
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    tcp_listeners = [c for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert all(c.laddr.ip in loopback for c in tcp_listeners), tcp_listeners
+
+
+def test_an_external_pool_binds_loopback_unless_asked(tmp_path):
+    with wb.Pool(1, device="cpu", external=True, key_file=str(tmp_path / "k")) as ext:
+        host, port = ext.address.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        mine = [c for c in psutil.Process().net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)]
+        assert mine and all(c.laddr.ip == "127.0.0.1" for c in mine)
 
 
 def test_the_key_file_is_readable_by_its_owner_only(pool, tmp_path):

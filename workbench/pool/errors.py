@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 
+
 class PoolError(RuntimeError):
     """Base of every error the pool raises about its ranks."""
 

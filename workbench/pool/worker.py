@@ -43,7 +43,7 @@ class _Link:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, sender.encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.connect(f"tcp://{address}")
+        self.sock.connect(address if address.startswith("ipc://") else f"tcp://{address}")
         self.signer = protocol.Signer(key, sender)
         self.verifier = protocol.Verifier(key)
 
@@ -248,7 +248,7 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m workbench.pool.worker", description=__doc__.split("\n\n")[0])
-    p.add_argument("--connect", required=True, help="HOST:PORT of the notebook's pool")
+    p.add_argument("--connect", required=True, help="HOST:PORT of the notebook's pool (or ipc://PATH locally)")
     p.add_argument("--key-file", required=True, help="file holding the pool's key (mode 0600)")
     p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun/srun)")
     p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE")

@@ -1,0 +1,521 @@
+"""The notebook's end of the pool's control plane: one socket, the ranks' state, and who does the I/O.
+
+Latency of a round trip to the ranks is dominated by thread handoffs, not by
+signing or pickling (~30 µs together). So there is no dedicated I/O thread
+that every message passes through: the socket is *owned* by whichever thread
+needs it. A caller waiting for its command's results takes the socket and
+polls it itself (no handoff); between commands a background thread takes it
+over to deliver events, heartbeats and health checks. Messages sent from other
+threads (flags, a Stop button) go to an outbox that the current owner flushes,
+woken through an in-process pipe. Session state is guarded by `lock`, held
+only briefly, never while polling.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from workbench.pool import protocol
+from workbench.pool.errors import CollectiveTimeout, PoolBroken, RemoteError, WorkerDied
+
+log = logging.getLogger("workbench.pool")
+
+HEARTBEAT_S = 0.25
+"""How often ranks and driver tell each other they are alive."""
+WAITING_CPU = 0.1
+"""A rank using less than this fraction of a core is waiting, not working."""
+ERROR_GRACE_S = 1.0
+"""After one rank fails, how long the others get to finish before we look at whether they wait on it."""
+
+
+@dataclass
+class _Command:
+    id: int
+    ranks: set[int]
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, dict] = field(default_factory=dict)
+    first_error_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: Any = None
+    failure: BaseException | None = None
+
+
+@dataclass
+class _Rank:
+    """What the driver knows about one rank of the current session."""
+
+    rank: int
+    incarnation: str
+    main_id: bytes
+    pid: int
+    host: str
+    io_id: bytes | None = None
+    proc: subprocess.Popen | None = None
+    ready: bool = False
+    device: str = ""
+    backend: str = ""
+    last_activity: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    cpu: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
+    outstanding: collections.deque = field(default_factory=collections.deque)
+    stack: str | None = None
+
+    def cpu_rate(self, window_s: float = 1.0) -> float | None:
+        """Cores used over about the last second, from heartbeat CPU stamps; None if too few stamps."""
+        if len(self.cpu) < 2:
+            return None
+        t1, c1 = self.cpu[-1]
+        older = [(t, c) for t, c in self.cpu if t1 - t >= window_s * 0.8]
+        if not older:
+            return None
+        t0, c0 = older[-1]
+        return (c1 - c0) / max(t1 - t0, 1e-6)
+
+
+class Handle:
+    """A command running on every rank; `result()` gives the per-rank values in rank order."""
+
+    def __init__(self, command: _Command, world_size: int, transport: "Transport") -> None:
+        self._command, self._world_size, self._transport = command, world_size, transport
+
+    def done(self) -> bool:
+        return self._command.done.is_set()
+
+    def result(self, timeout: float | None = None) -> list:
+        if not self._transport.wait(self._command, timeout):
+            raise TimeoutError(f"the command is still running after {timeout} s (it keeps running on the ranks)")
+        if self._command.failure is not None:
+            raise self._command.failure
+        return [self._command.results[r] for r in range(self._world_size)]
+
+
+class Transport:
+    """One listening socket, the session's state, and the rule for who may touch the socket."""
+
+    def __init__(self, key: bytes, endpoint: str, timeout_s: float, heartbeat_timeout_s: float,
+                 on_output: Callable[[int, str, str], None], subscribers: list) -> None:
+        self.key, self.timeout_s, self.heartbeat_timeout_s = key, timeout_s, heartbeat_timeout_s
+        self.on_output, self.subscribers = on_output, subscribers
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        if endpoint.startswith("ipc://"):
+            self.router.bind(endpoint)
+            self.address = endpoint
+        else:
+            host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+            if int(port):
+                self.router.bind(f"tcp://{host}:{port}")
+            else:
+                port = self.router.bind_to_random_port(f"tcp://{host}")
+            self.address = f"{host}:{port}"
+        wake_addr = f"inproc://wake-{secrets.token_hex(4)}"
+        self.wake_rx = self.ctx.socket(zmq.PAIR)
+        self.wake_rx.bind(wake_addr)
+        self.wake_tx = self.ctx.socket(zmq.PAIR)
+        self.wake_tx.connect(wake_addr)
+        self.wake_lock = threading.Lock()
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.poller.register(self.wake_rx, zmq.POLLIN)
+        self.lock = threading.RLock()  # guards the session state below, briefly; never held while polling
+        self.owner = threading.Lock()  # whoever holds it does the socket I/O (see the module docstring)
+        self.turns = threading.Condition()
+        self.waiters = 0
+        self.last_caller_io = 0.0
+        self.polling = False
+        self.next_health = 0.0
+        self.outbox: collections.deque = collections.deque()
+        self.rejected = 0
+        self.running = True
+        self.new_session(world_size=0, settings={}, local_pids=None)
+        self.thread = threading.Thread(target=self._background, name="workbench-pool-io", daemon=True)
+        self.thread.start()
+
+    # -- session state (reset by restart) -----------------------------------------------------------
+    def new_session(self, world_size: int, settings: dict, local_pids: dict[int, subprocess.Popen] | None) -> None:
+        with self.lock:
+            self.session = secrets.token_hex(8)
+            self.signer = protocol.Signer(self.key, "driver", self.session)
+            self.verifier = protocol.Verifier(self.key, self.session)
+            self.world_size, self.settings, self.local = world_size, settings, local_pids
+            self.ranks: dict[int, _Rank] = {}
+            self.challenges: dict[bytes, tuple[int, str, str]] = {}
+            self.commands: dict[int, _Command] = {}
+            self.broken: BaseException | None = None
+            self.startup_failure: BaseException | None = None
+            self.all_ready = threading.Event()
+            self.hang_diagnosis_at: float | None = None
+            self.next_ping = 0.0
+
+    # -- called from user threads -------------------------------------------------------------------
+    def send(self, identities: list[bytes], obj: Any) -> None:
+        """Queue a message; the owner of the socket signs and sends it (at once, if it is polling)."""
+        payload = protocol.dumps(obj)  # once, in the caller's thread; the owner only signs
+        with self.lock:
+            self.outbox.append((identities, payload))
+        if self.polling:
+            self._wake()
+
+    def _wake(self) -> None:
+        with self.wake_lock:
+            self.wake_tx.send(b"")
+
+    def submit(self, command: _Command, message: dict) -> None:
+        with self.lock:
+            if self.broken is not None:
+                raise PoolBroken(f"the pool is broken: {self.broken}. Call restart().") from self.broken
+            now = time.monotonic()
+            self.commands[command.id] = command
+            for r in command.ranks:
+                link = self.ranks[r]
+                if not link.outstanding:
+                    link.last_activity = now
+                link.outstanding.append(command.id)
+            self.send([self.ranks[r].main_id for r in sorted(command.ranks)], message)
+
+    def control(self, obj: dict) -> None:
+        """A message for the ranks' I/O threads: acted on even while a command runs."""
+        with self.lock:
+            ids = [link.io_id for link in self.ranks.values() if link.io_id is not None]
+        if ids:
+            self.send(ids, obj)
+
+    # -- socket ownership ---------------------------------------------------------------------------
+    def wait(self, command: _Command, timeout: float | None) -> bool:
+        """Wait for `command`, doing the socket I/O in this thread when no one else is: no thread handoff."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.turns:
+            self.waiters += 1
+        try:
+            while not command.done.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if self.polling:
+                    self._wake()  # the background thread yields when it sees a waiter
+                if self.owner.acquire(timeout=0.01):
+                    try:
+                        while not command.done.is_set() and self.running:
+                            left = None if deadline is None else deadline - time.monotonic()
+                            if left is not None and left <= 0:
+                                return False
+                            self._serve(50 if left is None else max(0, min(50, int(left * 1000))))
+                    finally:
+                        self.owner.release()
+                else:
+                    command.done.wait(0.01)
+            return True
+        finally:
+            with self.turns:
+                self.waiters -= 1
+                self.last_caller_io = time.monotonic()
+                self.turns.notify_all()
+
+    def owning(self):
+        """Context manager: hold the socket (for close/restart), taking it from the background thread."""
+        transport = self
+
+        class _Owning:
+            def __enter__(self):
+                with transport.turns:
+                    transport.waiters += 1
+                if transport.polling:
+                    transport._wake()
+                transport.owner.acquire()
+
+            def __exit__(self, *exc):
+                transport.owner.release()
+                with transport.turns:
+                    transport.waiters -= 1
+                    transport.turns.notify_all()
+
+        return _Owning()
+
+    def _background(self) -> None:
+        """Serve the socket while no caller waits: events, heartbeats and health between commands."""
+        while self.running:
+            with self.turns:
+                # A caller that just waited will likely wait again soon (a loop of pool.run): leave it the socket.
+                if self.waiters or time.monotonic() - self.last_caller_io < 0.1:
+                    self.turns.wait(0.02)
+                    continue
+            if not self.owner.acquire(timeout=0.02):
+                continue
+            try:
+                if self.running:
+                    self._serve(20)
+            except zmq.ContextTerminated:
+                return
+            except Exception:  # noqa: BLE001 - the I/O must survive anything a message does
+                log.exception("workbench pool I/O error")
+            finally:
+                self.owner.release()
+
+    def _serve(self, timeout_ms: int) -> None:
+        """One round of socket I/O; the caller holds `owner`."""
+        self._flush_outbox()
+        self.polling = True
+        try:
+            events = dict(self.poller.poll(timeout_ms))
+        finally:
+            self.polling = False
+        if self.wake_rx in events:
+            while self.wake_rx.poll(0):
+                self.wake_rx.recv()
+        if self.router in events:
+            while self.router.poll(0):
+                self._receive(self.router.recv_multipart())
+        self._flush_outbox()
+        now = time.monotonic()
+        if now >= self.next_health:
+            self.next_health = now + 0.02
+            self._check_health()
+
+    def _flush_outbox(self) -> None:
+        while self.outbox:
+            with self.lock:
+                identities, payload = self.outbox.popleft()
+            for ident in identities:
+                self.router.send_multipart([ident, *self.signer.seal_payload(payload)])
+
+    def _send_now(self, ident: bytes, obj: Any) -> None:
+        self.router.send_multipart([ident, *self.signer.seal(obj)])
+
+    def _receive(self, frames: list[bytes]) -> None:
+        ident, body = frames[0], frames[1:]
+        if body and body[0] == protocol.KNOCK:
+            return self._answer_knock(ident, body)
+        try:
+            sender, msg = self.verifier.open(body)
+            if sender.encode() != ident:
+                raise protocol.Rejected(f"signed by {sender} but sent from {ident!r}")
+        except protocol.Rejected as e:
+            self.rejected += 1
+            log.warning("workbench pool dropped a message from %r: %s", ident[:40], e)
+            return
+        rank_part, incarnation, role = sender.split(":")
+        rank = int(rank_part[1:])
+        with self.lock:
+            if msg.get("type") == "hello":
+                return self._register(ident, rank, incarnation, msg)
+            link = self.ranks.get(rank)
+            if link is None or link.incarnation != incarnation:
+                return  # a rank from an earlier life of this session: ignore it
+            if role == "io":
+                link.io_id = ident
+            self._dispatch(link, msg)
+
+    def _answer_knock(self, ident: bytes, body: list[bytes]) -> None:
+        try:
+            rank, incarnation, nonce = int(body[1]), body[2].decode(), body[3].decode()
+        except (IndexError, ValueError, UnicodeDecodeError):
+            self.rejected += 1
+            return
+        with self.lock:
+            if not 0 <= rank < self.world_size or ident != f"r{rank}:{incarnation}:main".encode():
+                self.rejected += 1
+                return
+            challenge = self.challenges.get(ident, (0, "", secrets.token_hex(16)))[2]
+            self.challenges[ident] = (rank, incarnation, challenge)
+            self._send_now(ident, {"type": "welcome", "nonce": nonce, "challenge": challenge,
+                                   "settings": self.settings})
+
+    def _register(self, ident: bytes, rank: int, incarnation: str, msg: dict) -> None:
+        expected = self.challenges.pop(ident, None)
+        if expected is None or expected[2] != msg.get("challenge"):
+            self.rejected += 1
+            log.warning("workbench pool: hello from %r without our challenge; dropped", ident)
+            return
+        proc = (self.local or {}).get(rank)
+        if proc is not None and proc.pid != msg["pid"]:
+            self.rejected += 1
+            log.warning("workbench pool: rank %d says pid %s but we started pid %s; dropped", rank, msg["pid"], proc.pid)
+            return
+        self.ranks[rank] = _Rank(rank, incarnation, ident, msg["pid"], msg["host"], proc=proc)
+
+    def _dispatch(self, link: _Rank, msg: dict) -> None:
+        kind, now = msg.get("type"), time.monotonic()
+        if kind == "heartbeat":
+            link.last_heartbeat = now
+            link.cpu.append((now, msg["cpu_s"]))
+            return
+        link.last_activity = now
+        if kind == "output":
+            self.on_output(link.rank, msg["stream"], msg["line"])
+        elif kind == "event":
+            for callback in list(self.subscribers):
+                try:
+                    callback(link.rank, msg["event"])
+                except Exception:  # noqa: BLE001 - a bad subscriber must not stop the pool
+                    log.exception("workbench pool: event subscriber failed")
+        elif kind == "result":
+            self._result(link, msg)
+        elif kind == "stack":
+            link.stack = msg["stack"]
+        elif kind == "ready":
+            link.ready, link.device, link.backend = True, msg["device"], msg["backend"]
+            if len(self.ranks) == self.world_size and all(r.ready for r in self.ranks.values()):
+                self.all_ready.set()
+        elif kind == "failed":
+            self.startup_failure = RemoteError(link.rank, "StartupError", msg["message"], msg["traceback"])
+            self.all_ready.set()
+
+    def _result(self, link: _Rank, msg: dict) -> None:
+        command = self.commands.get(msg["id"])
+        if link.outstanding and link.outstanding[0] == msg["id"]:
+            link.outstanding.popleft()
+        if command is None or command.done.is_set():
+            return
+        command.ranks.discard(link.rank)
+        if msg["ok"]:
+            command.results[link.rank] = msg["value"]
+        else:
+            command.errors[link.rank] = msg
+            command.first_error_at = command.first_error_at or time.monotonic()
+        if not command.ranks:
+            if command.errors:
+                self._finish(command, self._remote_error(command))
+            else:
+                self._finish(command, None)
+
+    def _remote_error(self, command: _Command, note: str = "") -> RemoteError:
+        first = min(command.errors)
+        e = command.errors[first]
+        others = sorted(set(command.errors) - {first})
+        if others:
+            note = f"(ranks {others} raised too.) {note}"
+        return RemoteError(first, e["exc_type"], e["message"], e["traceback"], note)
+
+    def _finish(self, command: _Command, failure: BaseException | None) -> None:
+        command.failure = failure
+        self.commands.pop(command.id, None)
+        command.done.set()
+
+    # -- health: deaths, hangs, ranks left waiting on a failed one ---------------------------------
+    def _check_health(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.broken is not None:
+                return
+            for r, proc in (self.local or {}).items():
+                code = proc.poll()
+                if code is not None:
+                    return self.break_pool(WorkerDied(r, code))
+            for link in list(self.ranks.values()):
+                if link.proc is None and now - link.last_heartbeat > self.heartbeat_timeout_s:
+                    return self.break_pool(WorkerDied(link.rank, None, f"no heartbeat for "
+                                                                       f"{now - link.last_heartbeat:.1f} s"))
+            if now >= self.next_ping:
+                self.next_ping = now + HEARTBEAT_S
+                for link in self.ranks.values():
+                    if link.io_id is not None:
+                        self._send_now(link.io_id, {"type": "ping"})
+            for command in list(self.commands.values()):
+                if command.first_error_at is not None and now - command.first_error_at > ERROR_GRACE_S:
+                    self._check_left_waiting(command)
+            self._check_hangs(now)
+
+    def _check_left_waiting(self, command: _Command) -> None:
+        """One rank failed; if every rank still running only waits, it waits for the failed one."""
+        rates = {r: self.ranks[r].cpu_rate() for r in command.ranks}
+        if all(rate is not None and rate < WAITING_CPU for rate in rates.values()):
+            note = (f"Ranks {sorted(rates)} were left waiting for rank {min(command.errors)} (idle, most likely in a "
+                    "collective it never joined), so the pool was stopped: call restart().")
+            self.break_pool(self._remote_error(command, note))
+
+    def _check_hangs(self, now: float) -> None:
+        stuck = [link for link in self.ranks.values()
+                 if link.outstanding and now - link.last_activity > self.timeout_s]
+        if not stuck:
+            self.hang_diagnosis_at = None
+            return
+        if self.hang_diagnosis_at is None:
+            # Ask the stuck ranks where they are, give them a moment to answer, then decide.
+            for link in stuck:
+                link.stack = None
+                if link.io_id is not None:
+                    self._send_now(link.io_id, {"type": "stack"})
+            self.hang_diagnosis_at = now + 0.5
+            return
+        if now < self.hang_diagnosis_at and not all(link.stack for link in stuck):
+            return
+        self.break_pool(self._diagnose(stuck, now))
+
+    def _diagnose(self, stuck: list[_Rank], now: float) -> CollectiveTimeout:
+        lines, frozen, working = [], [], []
+        for link in stuck:
+            silent = now - link.last_heartbeat
+            if silent > 4 * HEARTBEAT_S:
+                frozen.append(link.rank)
+                lines.append(f"rank {link.rank}: not responding for {silent:.1f} s (stopped or frozen process)")
+                continue
+            rate = link.cpu_rate()
+            waiting = rate is not None and rate < WAITING_CPU
+            if not waiting:
+                working.append(link.rank)
+            where = (link.stack or "(no stack received)").rstrip().splitlines()[-4:]
+            lines.append(f"rank {link.rank}: {'waiting' if waiting else 'busy'} "
+                         f"(cpu {rate if rate is not None else float('nan'):.2f} cores), at:\n    "
+                         + "\n    ".join(where))
+        culprit = (frozen or working or [stuck[0].rank])[0]
+        return CollectiveTimeout(culprit, self.timeout_s, sorted(link.rank for link in stuck), "\n".join(lines))
+
+    def break_pool(self, error: BaseException) -> None:
+        """Fail every pending command with `error` and stop all ranks: a half-alive world cannot be trusted."""
+        with self.lock:
+            if self.broken is not None:
+                return
+            self.broken = error
+            for command in list(self.commands.values()):
+                self._finish(command, error)
+            self.all_ready.set()
+            self._stop_ranks(graceful=False)
+
+    def _stop_ranks(self, graceful: bool) -> None:
+        for link in self.ranks.values():
+            if link.io_id is not None:
+                try:
+                    self._send_now(link.io_id, {"type": "shutdown"})
+                except zmq.ZMQError:
+                    pass
+        procs = list((self.local or {}).values())
+        deadline = time.monotonic() + (2.0 if graceful else 0.0)
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.poll() is None:
+                proc.kill()  # also ends a SIGSTOPped rank
+        for proc in procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                log.error("workbench pool: rank pid %d did not exit after SIGKILL", proc.pid)
+
+    def stop_session(self, reason: str) -> None:
+        """End the current ranks (restart or close): pending commands fail with `reason`."""
+        with self.owning(), self.lock:
+            if self.broken is None:
+                self.broken = PoolBroken(reason)
+                for command in list(self.commands.values()):
+                    self._finish(command, self.broken)
+            self._stop_ranks(graceful=True)
+
+    def close(self) -> None:
+        if not self.running:
+            return
+        self.stop_session("the pool was closed")
+        self.running = False
+        self.thread.join(2)
+        self.ctx.destroy(linger=0)
