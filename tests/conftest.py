@@ -41,3 +41,20 @@ def pool(_session_pool):
     if _session_pool.broken:
         _session_pool.restart()
     yield _session_pool
+
+
+@pytest.fixture(scope="session")
+def _session_pool4():
+    import workbench as wb
+
+    pool = wb.Pool(4, device="cpu", timeout_s=180)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def pool4(_session_pool4):
+    """Four CPU ranks (dp×tp, dp×pp layouts), shared by the whole session, healthy at the start of every test."""
+    if _session_pool4.broken:
+        _session_pool4.restart()
+    yield _session_pool4

@@ -224,13 +224,12 @@ class Config:
         if self.zero > 0 and self.dp == 1:
             raise _refuse("zero", f"ZeRO stage {self.zero} shards across data-parallel ranks, but dp=1",
                           "set dp ≥ 2 or zero=0")
-        if self.zero <= 1 and self.dp > 1 and self.tp > 1:
-            # torch 2.13: DDP's initial broadcast fails on DTensor parameters, and its built-in TP
-            # workaround (DDP on a mesh slice) removes the parameters from the module after the first
-            # forward, so nothing can be saved or resharded; ZeroRedundancyOptimizer sits on DDP.
-            raise _refuse("zero", f"zero={self.zero} runs data parallel on DDP, which cannot hold tensor-parallel "
-                          f"(DTensor) parameters (dp={self.dp}, tp={self.tp})",
-                          "use zero=2 or zero=3 (FSDP2 composes with tensor parallel), or tp=1")
+        if self.zero == 1 and self.dp > 1 and self.tp > 1:
+            # torch 2.13: ZeroRedundancyOptimizer broadcasts each updated parameter with c10d.broadcast,
+            # which has no DTensor sharding rule, so its step fails on tensor-parallel parameters.
+            raise _refuse("zero", f"zero=1 (ZeroRedundancyOptimizer) cannot update tensor-parallel (DTensor) "
+                          f"parameters (dp={self.dp}, tp={self.tp})",
+                          "use zero=2 (FSDP2: optimizer state and gradients sharded), zero=0, or tp=1")
 
     @property
     def world_size(self) -> int:

@@ -20,16 +20,6 @@ STEPS = 5
 SMALL = dict(batch_size=8, seq_len=32)
 
 
-@pytest.fixture(scope="module")
-def pool4():
-    """Four CPU ranks for dp2×pp2 and pp=4, shared by this module's tests."""
-    import workbench as wb
-
-    pool = wb.Pool(4, device="cpu", timeout_s=120)
-    yield pool
-    pool.close()
-
-
 def assert_losses_match(reference: list[float], losses: list[float], rel: float = 1e-5) -> None:
     assert losses == pytest.approx(reference, rel=rel), f"pipeline {losses}\nreference {reference}"
 

@@ -114,3 +114,13 @@ def ddp_step():
     loss = model(torch.ones(2, 4)).sum()
     loss.backward()
     return loss.item()
+
+
+def scatter_from_zero():
+    import torch
+    import torch.distributed as dist
+
+    out = torch.zeros(2)
+    chunks = [torch.full((2,), float(r)) for r in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+    dist.scatter(out, chunks, src=0)
+    return out.tolist()

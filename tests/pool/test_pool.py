@@ -122,3 +122,7 @@ def test_a_call_a_rank_cannot_unpickle_is_an_error_not_a_dead_rank(pool):
         pool.run(print, Unloadable())
     assert not pool.broken
     assert pool.run(rank_fns.all_reduce_sum, 1) == [2.0, 2.0]
+
+
+def test_a_scatter_whose_list_only_the_root_holds_is_not_a_mismatch(pool):
+    assert pool.run(rank_fns.scatter_from_zero) == [[0.0, 0.0], [1.0, 1.0]]

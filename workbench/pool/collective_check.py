@@ -44,8 +44,16 @@ def _describe(value: Any) -> str:
     return type(value).__name__ if not hasattr(value, "name") else str(getattr(value, "name"))
 
 
+# Arguments that legitimately differ between ranks: the list only the root of a scatter/gather holds.
+_ROOT_ONLY = {"scatter": (1, "scatter_list"), "gather": (1, "gather_list")}
+
+
 def _fingerprint(op: str, args: tuple, kwargs: dict) -> str:
     kwargs = {k: v for k, v in kwargs.items() if k not in ("group", "async_op")}
+    if op in _ROOT_ONLY:
+        index, name = _ROOT_ONLY[op]
+        args = args[:index] + args[index + 1:]
+        kwargs.pop(name, None)
     parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in sorted(kwargs.items())]
     return f"{op}({', '.join(parts)})"
 

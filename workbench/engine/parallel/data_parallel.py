@@ -1,0 +1,120 @@
+"""Data parallel and the ZeRO stages, with torch's own building blocks.
+
+    zero=0  DDP: every rank holds everything; gradients all-reduced in buckets during backward
+            (with tp > 1: torch's FSDP2-based `replicate`, same semantics, see below).
+    zero=1  DDP + ZeroRedundancyOptimizer: as 0, but each rank keeps (and updates) the
+            optimizer state of its 1/dp share of the parameters, then broadcasts them.
+    zero=2  FSDP2 with reshard_after_forward=False: parameters gathered once per step and kept
+            until backward is done; gradients reduce-scattered, optimizer state sharded.
+    zero=3  FSDP2: parameters also freed after each block's forward and gathered again in backward.
+
+Everything works over the "dp" axis of the mesh only. With tp > 1 the
+parameters are already DTensors on the tp axis, and the classic wrappers
+predate DTensor (torch 2.13): DDP's initial broadcast fails on them, and its
+built-in workaround (DDP on a mesh slice) drops the parameters from the module
+after the first forward, so nothing could be saved or resharded. So with
+tensor parallel, zero=0 uses torch's FSDP2-based `replicate` (the same DDP
+semantics: replicated parameters, all-reduced gradients) and FSDP2 turns the
+TP DTensors into 2-D (dp, tp) ones. ZeroRedundancyOptimizer cannot update
+DTensors at all; `Config` refuses zero=1 with tp > 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+from workbench.config import Config
+from workbench.engine.model import Transformer
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
+    """Replicate `model` over the dp axis; gradients all-reduced during backward."""
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return _replicate_dtensor_model(model, dp_mesh)
+    # process_group, not device_mesh: given a slice of a larger mesh, DDP applies its TP workaround.
+    device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def _replicate_dtensor_model(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    # Private in torch 2.13, but torch's own DDP for DTensor parameters, built on FSDP2's machinery.
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    # One unit per block, like DDP's gradient buckets: a block's all-reduce starts as soon as its
+    # backward is done, overlapping the backward of the blocks before it.
+    for block in model.layers.values():
+        replicate(block, mesh=dp_mesh)
+    return replicate(model, mesh=dp_mesh)
+
+
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> Transformer:
+    """Shard each block, then the root (embedding, final norm, output head), across the dp axis."""
+    # Under tensor parallel the root returns the logits as a view of a DTensor's local tensor; FSDP2
+    # warns that in-place ops on it would skip its hook. The loss only reads the logits: not our case.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    # One FSDP unit per block: a block's parameters are gathered just before it runs and its
+    # gradients reduce-scattered just after its backward, overlapping communication with the
+    # neighbouring blocks' computation. ZeRO-2 keeps gathered parameters from forward to backward.
+    per_block = cfg.zero == 3
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block)
+    # The root's parameters are used first thing in backward (the output head), so resharding them
+    # after forward would only gather them again at once: None lets FSDP2 keep them (root rule).
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=None if per_block else False)
+    return model
+
+
+def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
+    """Replicate or shard `model` (or a pipeline chunk) over the dp axis according to `cfg.zero`."""
+    if dp_mesh.size() == 1:
+        return model
+    if cfg.zero <= 1:
+        return apply_ddp(model, dp_mesh, cfg)
+    return apply_fsdp(model, dp_mesh, cfg)
+
+
+def build_optimizer(module: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW over `module`'s parameters; with zero=1 its state is sharded over the dp axis."""
+    hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.zero == 1 and dp_mesh.size() > 1:
+        return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.AdamW,
+                                       process_group=dp_mesh.get_group(), **hyper)
+    return torch.optim.AdamW(module.parameters(), **hyper)
+
+
+@contextlib.contextmanager
+def gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
+    """Hold back the data-parallel all-reduce on all but the last micro-batch of a step.
+
+    FSDP2 (zero 2/3) reduce-scatters after every micro-batch on purpose: skipping it would keep
+    a full, unsharded gradient on every rank, which is the memory ZeRO-2/3 exist to save.
+    """
+    if enabled:
+        yield
+    elif isinstance(module, DistributedDataParallel):
+        with module.no_sync():
+            yield
+    elif isinstance(module, FSDPModule) and _is_replicate(module):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def _is_replicate(module: nn.Module) -> bool:
+    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
+
+    return isinstance(module, ReplicateModule)

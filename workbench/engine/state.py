@@ -1,0 +1,184 @@
+"""A trainer's whole state as full, unsharded CPU tensors: how a layout change reshards in place.
+
+`export_full_state` turns whatever layout a trainer has (DDP, ZeRO-1/2/3, TP
+DTensors, pipeline chunks) into one plain dict keyed by the bare model's
+parameter names; `import_full_state` loads such a dict into a trainer of any
+other layout. `Workbench.apply()` exports, builds the new layout on a new
+DeviceMesh over the same world, imports, and training continues as if the
+layout had never changed.
+
+The format (identical on every rank and for every layout):
+    "model":   {fqn: tensor}
+    "optim":   torch.distributed.checkpoint's flattened optimizer state,
+               {"state.<fqn>.exp_avg": tensor, ..., "param_groups.<fqn>.lr": 0.003, ...};
+               flattened because a flat dict of per-parameter keys merges across
+               pipeline stages and splits into any other set of stages. Empty
+               before the first optimizer step.
+    "scaler":  GradScaler.state_dict() (empty unless fp16)
+    "trainer": {"steps_done": int, "skipped_steps": int}
+
+Every rank gathers every tensor (dp/tp shards with torch.distributed.checkpoint's
+full_state_dict, pipeline stages with an all-gather over the pp axis), so each
+rank briefly holds the whole state on its device and then on CPU. That is fine
+for the sizes a workbench explores; for models near the memory limit, save a
+sharded checkpoint with torch.distributed.checkpoint instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+FULL = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+# Not cpu_offload: with full_state_dict it gathers to rank 0 only, and every rank needs the state.
+
+
+def bare_name(name: str) -> str:
+    """A parameter's name in the unwrapped model: without DDP's "module." and AC's wrapper segment."""
+    name = name.removeprefix("module.")
+    return name.replace("_checkpoint_wrapped_module.", "")
+
+
+def export_full_state(trainer: Any) -> dict[str, Any]:
+    """The trainer's model, optimizer, loss-scaler and counters as full CPU tensors (collective: all ranks)."""
+    model: dict[str, torch.Tensor] = {}
+    optim: dict[str, Any] = {}
+    for module, opt in zip(trainer.modules, trainer.optimizers):
+        model.update(_to_cpu(get_model_state_dict(module, options=FULL)))
+        optim.update(_to_cpu(_export_optimizer(module, opt, trainer.mesh["dp"])))
+    state = {
+        "model": model,
+        "optim": optim,
+        "scaler": trainer.precision.scaler.state_dict(),
+        "trainer": {"steps_done": trainer.steps_done, "skipped_steps": trainer.skipped_steps},
+    }
+    return _merge_over_axis(state, trainer.mesh, "pp")
+
+
+def import_full_state(trainer: Any, state: dict[str, Any]) -> None:
+    """Load a state from `export_full_state` (any layout) into `trainer` (collective: all ranks).
+
+    Learning rate and weight decay stay those of the trainer's own Config: a
+    layout change may come with new hyperparameters, and they should win.
+    """
+    per_param = _per_param(state["optim"])
+    for module, opt in zip(trainer.modules, trainer.optimizers):
+        own = {bare_name(name) for name, _ in module.named_parameters()}
+        missing = own - state["model"].keys()
+        if missing:
+            raise KeyError(f"the state lacks parameters this layout holds: {sorted(missing)[:5]}")
+        set_model_state_dict(module, {k: v for k, v in state["model"].items() if k in own}, options=FULL)
+        if per_param:
+            _import_optimizer(module, opt, per_param)
+        for group in opt.param_groups:
+            group.update(lr=trainer.cfg.lr, weight_decay=trainer.cfg.weight_decay)
+    if state["scaler"] and trainer.precision.scaler.is_enabled():
+        trainer.precision.scaler.load_state_dict(state["scaler"])
+    trainer.steps_done = state["trainer"]["steps_done"]
+    trainer.skipped_steps = state["trainer"]["skipped_steps"]
+
+
+def _export_optimizer(module: nn.Module, opt: torch.optim.Optimizer, dp_mesh: DeviceMesh) -> dict[str, Any]:
+    if isinstance(opt, ZeroRedundancyOptimizer):
+        return _export_zero1(module, opt, dp_mesh)
+    if not opt.state:
+        # Nothing to export yet; torch would first run a zero-gradient step to create the state,
+        # and its step counter of 1 would change AdamW's bias correction after an import.
+        return {}
+    return get_optimizer_state_dict(module, opt, options=FULL)
+
+
+def _import_optimizer(module: nn.Module, opt: torch.optim.Optimizer, per_param: dict[str, dict[str, Any]]) -> None:
+    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    if isinstance(opt, ZeroRedundancyOptimizer):
+        _import_zero1(opt, names, per_param)
+        return
+    # Nested, not flat: in torch 2.13 set_optimizer_state_dict fails on a flattened *full* state
+    # ("KeyError: 'param_groups.0.params.0'"), so this rebuilds torch's nested FQN-keyed form
+    # for exactly this optimizer's parameters.
+    # Copies: the optimizer updates its state in place, and the caller's state must stay as exported.
+    nested = {
+        "state": {names[p]: _copy(per_param[names[p]]) for group in opt.param_groups for p in group["params"]},
+        "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
+                          "params": [names[p] for p in group["params"]]} for group in opt.param_groups],
+    }
+    set_optimizer_state_dict(module, opt, nested, options=StateDictOptions(full_state_dict=True))
+
+
+def _per_param(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{"state.<fqn>.<key>": v} → {fqn: {key: v}}; AdamW's keys (step, exp_avg, exp_avg_sq) hold no dot."""
+    per_param: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        if key.startswith("state."):
+            fqn, name = key.removeprefix("state.").rsplit(".", 1)
+            per_param.setdefault(fqn, {})[name] = value
+    return per_param
+
+
+# ZeroRedundancyOptimizer is not supported by torch.distributed.checkpoint's state-dict API, and its
+# own consolidate_state_dict() sends everything to one rank. Each rank holds the state of its
+# partition in the inner `opt.optim`; gathering those over the dp axis gives the same flat format.
+
+def _export_zero1(module: nn.Module, opt: ZeroRedundancyOptimizer, dp_mesh: DeviceMesh) -> dict[str, Any]:
+    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    flat: dict[str, Any] = {}
+    for param, param_state in opt.optim.state.items():
+        for key, value in param_state.items():
+            flat[f"state.{names[param]}.{key}"] = value.detach().cpu().clone()
+    parts: list[dict[str, Any]] = [{} for _ in range(dp_mesh.size())]
+    dist.all_gather_object(parts, flat, group=dp_mesh.get_group())
+    merged = {k: v for part in parts for k, v in part.items()}
+    if not merged:
+        return {}
+    for group in opt.param_groups:
+        for param in group["params"]:
+            for key, value in group.items():
+                if key != "params":
+                    merged[f"param_groups.{names[param]}.{key}"] = value
+    return merged
+
+
+def _import_zero1(opt: ZeroRedundancyOptimizer, names: dict[nn.Parameter, str],
+                  per_param: dict[str, dict[str, Any]]) -> None:
+    for group in opt.optim.param_groups:  # this rank's partition only
+        for param in group["params"]:
+            opt.optim.state[param] = {
+                # AdamW keeps its step counter on the CPU (unless capturable/fused); the rest with the
+                # parameter. Copies, as above.
+                key: value.clone() if key == "step" else value.to(param.device, param.dtype, copy=True)
+                for key, value in per_param[names[param]].items()
+            }
+
+
+def _merge_over_axis(state: dict[str, Any], mesh: DeviceMesh, axis: str) -> dict[str, Any]:
+    """Pipeline stages hold different layers: all-gather their dicts along `axis` and merge them."""
+    if mesh[axis].size() == 1:
+        return state
+    parts: list[dict[str, Any]] = [{} for _ in range(mesh[axis].size())]
+    dist.all_gather_object(parts, state, group=mesh[axis].get_group())
+    merged = dict(state)
+    for key in ("model", "optim"):
+        merged[key] = {k: v for part in parts for k, v in part[key].items()}
+    return merged
+
+
+def _copy(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in tree.items()}
+
+
+def _to_cpu(tree: dict[str, Any]) -> dict[str, Any]:
+    # copy=True: on a CPU rank .cpu() would return the live parameter or optimizer moment itself,
+    # and the exported state would keep changing as training goes on.
+    return {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in tree.items()}

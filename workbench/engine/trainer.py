@@ -1,0 +1,156 @@
+"""The trainer: one rank's model, optimizer and loss scaler, and the step that trains them.
+
+A `Trainer` is built on every rank from the same (cfg, mesh, device, data);
+each holds its share of the layout that `parallelize` (and, for pp > 1, the
+pipeline) gives it. `step()` runs one optimizer step and ends with exactly one
+all-reduce over the whole world, which carries the loss and every per-rank
+vote (fp16 overflow, stop, skip), so all ranks leave the step agreeing on what
+happened without further round trips.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from workbench.config import Config
+from workbench.engine.model import build_model, loss_fn
+from workbench.engine.parallel.data_parallel import build_optimizer, gradient_sync
+from workbench.engine.parallelize import parallelize
+from workbench.engine.precision import MixedPrecision
+from workbench.telemetry.events import StepMetrics
+
+
+class Batches(Protocol):
+    """Where batches come from (`workbench.engine.data`): a pure function of the step and the dp slice."""
+
+    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
+        """Token ids (batch_size / dp_size, seq_len + 1) of this dp rank's slice of the step's global batch."""
+        ...
+
+
+@dataclass(frozen=True)
+class Flags:
+    """One rank's votes for a step. The step's all-reduce agrees them: any rank's vote holds for all."""
+
+    stop: bool = False
+    """Stop training after this step (e.g. the user asked, and only one rank saw the request)."""
+    skip: bool = False
+    """Do not apply this step's update anywhere (e.g. this rank ran out of memory)."""
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What every rank knows after a step's all-reduce."""
+
+    loss: float
+    """Mean loss of the global batch."""
+    stop: bool = False
+    skip: bool = False
+    """A rank voted to skip the update."""
+    overflow: bool = False
+    """A rank found inf/nan in its fp16 gradients: the update was skipped and the loss scale lowered."""
+
+    @property
+    def skip_reason(self) -> str:
+        if self.skip:
+            return "skip requested by a rank"
+        return "fp16 gradient overflow" if self.overflow else ""
+
+
+class Trainer:
+    """One rank's share of a training run: model (parallelized), optimizers, loss scaler, step counters."""
+
+    def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device | str, data: Batches) -> None:
+        cfg.check_world(dist.get_world_size())
+        self.cfg, self.mesh, self.device, self.data = cfg, mesh, torch.device(device), data
+        self.dp_rank, self.dp_size = mesh.get_local_rank("dp"), mesh["dp"].size()
+        # Every rank builds the whole model from the seed, so every layout starts from the same weights.
+        model = build_model(cfg.model, cfg.seed)
+        self.pipeline = None
+        if cfg.pp > 1:
+            from workbench.engine.parallel.pipeline import build_pipeline
+
+            self.pipeline = build_pipeline(model, mesh, cfg, loss_fn, self.device,
+                                           lambda chunk: parallelize(chunk, mesh, cfg))
+            self.modules: list[nn.Module] = list(self.pipeline.modules)
+        else:
+            self.modules = [parallelize(model.to(self.device), mesh, cfg)]
+        # One optimizer per module part, as torchtitan does: each is then a (model, optimizer) pair
+        # that torch.distributed.checkpoint can turn into a full state dict on its own.
+        self.optimizers = [build_optimizer(module, mesh["dp"], cfg) for module in self.modules]
+        self.precision = MixedPrecision(cfg, self.device.type)
+        self.steps_done = 0
+        """Optimizer steps run by this trainer, skipped ones included; carried across a reshard."""
+        self.skipped_steps = 0
+        self.agreed = Agreed(loss=float("nan"))
+        """The verdicts of the last step: read `agreed.stop` to end a training loop on every rank at once."""
+
+    def step(self, step_index: int, flags: Flags = Flags()) -> StepMetrics:
+        """One optimizer step on global batch `step_index` (also the metrics' `step`); all ranks call it together.
+
+        `flags` are this rank's votes; what the world agreed is in `self.agreed` afterwards.
+        """
+        start = time.perf_counter()
+        inputs, targets = self._batch(step_index)
+        loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
+        found_inf = self.precision.unscale(self.optimizers)  # fp16 only: this rank's own verdict
+        agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
+        self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skip)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # so the step time includes the optimizer's kernels
+
+        self.agreed = agreed
+        self.steps_done += 1
+        skipped = agreed.skip or agreed.overflow
+        self.skipped_steps += skipped
+        elapsed = time.perf_counter() - start
+        return StepMetrics(
+            step=step_index, loss=agreed.loss, tokens=self.cfg.tokens_per_step, step_time_s=elapsed,
+            tokens_per_s=self.cfg.tokens_per_step / elapsed, rank=dist.get_rank(), layout=self.cfg.layout,
+            skipped=skipped, skip_reason=agreed.skip_reason, loss_scale=self.precision.loss_scale,
+        )
+
+    def _batch(self, step_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every tp and pp rank of a dp group reads the same slice: tp ranks all need the whole
+        # input, the first pipeline stage needs the inputs and the last one the targets.
+        tokens = self.data.local_batch(step_index, self.dp_rank, self.dp_size).to(self.device)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Accumulate the gradient of this dp rank's mean loss; return that loss (detached)."""
+        if self.pipeline is not None:
+            return self.pipeline.step(inputs, targets, scale_loss=self.precision.scale)
+        model, n = self.modules[0], self.cfg.micro_batches
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            with gradient_sync(model, enabled=i == n - 1):
+                with self.precision.autocast():
+                    # Divided by n so the accumulated gradient is that of the mean over the whole batch.
+                    loss = loss_fn(model(x), y) / n
+                # Backward outside autocast, as torch recommends: it reuses the forward's dtypes.
+                self.precision.scale(loss).backward()
+            total += loss.detach()
+        return total
+
+    def _agree(self, loss: torch.Tensor | None, found_inf: torch.Tensor, flags: Flags) -> Agreed:
+        # Summed over the world: ranks holding a loss (all but non-last pipeline stages) add it with
+        # weight 1; every dp rank's loss is the mean of an equal share, so the mean of them is the
+        # global batch's mean, identical everywhere. The votes are counts: > 0 means some rank said yes.
+        def scalar(value: float | torch.Tensor) -> torch.Tensor:
+            return torch.as_tensor(value, dtype=torch.float32, device=self.device).reshape(())
+
+        has_loss = loss is not None
+        payload = torch.stack([scalar(loss if has_loss else 0.0), scalar(float(has_loss)), scalar(found_inf),
+                               scalar(float(flags.stop)), scalar(float(flags.skip))])
+        dist.all_reduce(payload)
+        loss_sum, weight, overflow, stop, skip = payload.tolist()  # the step's one host sync
+        return Agreed(loss=loss_sum / weight, stop=stop > 0, skip=skip > 0, overflow=overflow > 0)
