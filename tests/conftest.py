@@ -30,7 +30,8 @@ def pytest_collection_modifyitems(config, items):
 def _session_pool():
     import workbench as wb
 
-    pool = wb.Pool(2, device="cpu", timeout_s=120)
+    # The recording backend, as a Workbench runs it: every collective of every test goes through it.
+    pool = wb.Pool(2, device="cpu", timeout_s=120, backend_setup="workbench.telemetry.comm:register")
     yield pool
     pool.close()
 
@@ -47,7 +48,7 @@ def pool(_session_pool):
 def _session_pool4():
     import workbench as wb
 
-    pool = wb.Pool(4, device="cpu", timeout_s=180)
+    pool = wb.Pool(4, device="cpu", timeout_s=180, backend_setup="workbench.telemetry.comm:register")
     yield pool
     pool.close()
 

@@ -36,7 +36,9 @@ def _torch() -> str:
 
 def _extension() -> str:
     native = importlib.import_module("workbench.telemetry.native")
-    return native.build()
+    if native.main(["--build"]) != 0:  # also compiles the CUDA library where nvcc is
+        raise RuntimeError("the telemetry extension did not build (see above)")
+    return str(native.extension_path())
 
 
 def _data() -> str:

@@ -56,13 +56,18 @@ class Workbench:
 
     world_size: ranks to start (local processes, one per GPU on CUDA).
     corpus: folder of text to train on; None is the Python standard library's source.
+    telemetry: measure every step (compute/communication timeline through the compiled recording
+    backend, memory by category, MFU); False runs plain gloo/NCCL and reports losses and times only.
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
     """
 
-    def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, pool: Pool | None = None,
-                 **pool_kwargs: Any) -> None:
-        self.corpus = corpus
-        self.pool = pool or Pool(world_size, preload=("workbench.engine.session",), **pool_kwargs)
+    def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
+                 pool: Pool | None = None, **pool_kwargs: Any) -> None:
+        self.corpus, self.telemetry = corpus, telemetry
+        if pool is None:
+            setup = "workbench.telemetry.comm:register" if telemetry else None
+            pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
+        self.pool = pool
         self.config: Config | None = None
         self.history: list[StepMetrics] = []
         """Rank 0's metrics of every step so far, across applies (the loss is the global batch's)."""
@@ -100,7 +105,7 @@ class Workbench:
         self._require_idle("apply a new layout")
         from workbench.engine import session
 
-        info = self.pool.run(session.apply, cfg, self.corpus)[0]
+        info = self.pool.run(session.apply, cfg, self.corpus, self.telemetry)[0]
         with self._lock:
             step = self.history[-1].step + 1 if self.history else 0
             self.layout_changes.append(LayoutChange(step, cfg))

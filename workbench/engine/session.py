@@ -51,7 +51,7 @@ def capabilities() -> dict[str, Any]:
     return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True}
 
 
-def apply(cfg: Config, corpus: str | Path | None) -> dict[str, Any]:
+def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True) -> dict[str, Any]:
     """Build the layout `cfg` describes; if a model exists, carry its trained state over (reshard in place).
 
     The new trainer is complete before the old one is dropped, so a failure
@@ -65,7 +65,7 @@ def apply(cfg: Config, corpus: str | Path | None) -> dict[str, Any]:
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
         if layout not in meshes:
             meshes[layout] = build_mesh(cfg, _device_type())
-        trainer = Trainer(cfg, meshes[layout], rank.info.device, TokenData.for_config(cfg, corpus))
+        trainer = Trainer(cfg, meshes[layout], rank.info.device, TokenData.for_config(cfg, corpus), telemetry)
         if state is not None:
             import_full_state(trainer, state)
         dist.barrier()

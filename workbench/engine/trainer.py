@@ -25,6 +25,7 @@ from workbench.engine.parallel.data_parallel import build_optimizer, gradient_sy
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
 from workbench.telemetry.events import StepMetrics
+from workbench.telemetry.probes import NullProbe, StepProbe
 
 
 class Batches(Protocol):
@@ -67,7 +68,8 @@ class Agreed:
 class Trainer:
     """One rank's share of a training run: model (parallelized), optimizers, loss scaler, step counters."""
 
-    def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device | str, data: Batches) -> None:
+    def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device | str, data: Batches,
+                 telemetry: bool = False) -> None:
         cfg.check_world(dist.get_world_size())
         self.cfg, self.mesh, self.device, self.data = cfg, mesh, torch.device(device), data
         self.dp_rank, self.dp_size = mesh.get_local_rank("dp"), mesh["dp"].size()
@@ -91,15 +93,20 @@ class Trainer:
         self.skipped_steps = 0
         self.agreed = Agreed(loss=float("nan"))
         """The verdicts of the last step: read `agreed.stop` to end a training loop on every rank at once."""
+        self.probe = StepProbe(self) if telemetry else NullProbe()
+        """Measures each step (spans, memory by category, FLOPs) when telemetry is on; else does nothing."""
 
     def step(self, step_index: int, flags: Flags = Flags()) -> StepMetrics:
         """One optimizer step on global batch `step_index` (also the metrics' `step`); all ranks call it together.
 
         `flags` are this rank's votes; what the world agreed is in `self.agreed` afterwards.
         """
+        self.probe.begin_step()
         start = time.perf_counter()
         inputs, targets = self._batch(step_index)
-        loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
+        with self.probe.activations():  # counts what autograd saves for backward, live
+            loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
+        self.probe.after_backward()
         found_inf = self.precision.unscale(self.optimizers)  # fp16 only: this rank's own verdict
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
         self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skip)
@@ -113,11 +120,11 @@ class Trainer:
         skipped = agreed.skip or agreed.overflow
         self.skipped_steps += skipped
         elapsed = time.perf_counter() - start
-        return StepMetrics(
+        return self.probe.finish(StepMetrics(
             step=step_index, loss=agreed.loss, tokens=self.cfg.tokens_per_step, step_time_s=elapsed,
             tokens_per_s=self.cfg.tokens_per_step / elapsed, rank=dist.get_rank(), layout=self.cfg.layout,
             skipped=skipped, skip_reason=agreed.skip_reason, loss_scale=self.precision.loss_scale,
-        )
+        ))
 
     def _batch(self, step_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Every tp and pp rank of a dp group reads the same slice: tp ranks all need the whole
@@ -133,11 +140,12 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with gradient_sync(model, enabled=i == n - 1):
-                with self.precision.autocast():
+                with self.probe.span("forward"), self.precision.autocast():
                     # Divided by n so the accumulated gradient is that of the mean over the whole batch.
                     loss = loss_fn(model(x), y) / n
                 # Backward outside autocast, as torch recommends: it reuses the forward's dtypes.
-                self.precision.scale(loss).backward()
+                with self.probe.backward():
+                    self.precision.scale(loss).backward()
             total += loss.detach()
         return total
 

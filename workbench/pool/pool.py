@@ -49,13 +49,17 @@ class Pool:
     or, on gloo, silently succeeding; ~1 ms per collective. False gives that
     protection up (see workbench/pool/collective_check.py for why this is
     not torch's TORCH_DISTRIBUTED_DEBUG=DETAIL, which env= can still set).
+    backend_setup: "module:function" run on every rank before the world
+    starts; it returns the torch.distributed backend name to use (the
+    Workbench passes its recording backend this way).
     """
 
     def __init__(self, world_size: int, *, device: Device = "auto", timeout_s: float = 300.0,
                  check_collectives: bool = True, threads_per_rank: int | None = None, bind: str = "127.0.0.1",
                  port: int = 0, external: bool = False, key_file: str | None = None,
                  heartbeat_timeout_s: float = 10.0, start_timeout_s: float = 120.0, preload: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, on_output: Callable[[int, str, str], None] | None = None) -> None:
+                 env: dict[str, str] | None = None, on_output: Callable[[int, str, str], None] | None = None,
+                 backend_setup: str | None = None) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size: must be a positive integer, got {world_size!r}")
         if device not in ("auto", "cpu", "cuda"):
@@ -74,7 +78,7 @@ class Pool:
         self._settings_base = {
             "device": device, "backend": None, "heartbeat_s": HEARTBEAT_S, "orphan_timeout_s": heartbeat_timeout_s,
             "pg_timeout_s": 2 * timeout_s + 30, "threads": threads_per_rank, "preload": list(preload),
-            "check_collectives": check_collectives, "env": dict(env or {}),
+            "check_collectives": check_collectives, "env": dict(env or {}), "backend_setup": backend_setup,
         }
         # Local ranks reach the notebook through a unix socket in the private directory: no TCP port at all.
         endpoint = f"tcp://{bind}:{port}" if external else f"ipc://{self._private_dir}/control.sock"

@@ -18,6 +18,7 @@ Two threads, each owning its own socket (zmq sockets are not thread-safe):
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import os
 import pickle
@@ -187,6 +188,9 @@ class Worker:
             torch.cuda.set_device(self.local_rank)
             device = f"cuda:{self.local_rank}"
         backend = s["backend"] or ("nccl" if device.startswith("cuda") else "gloo")
+        if s.get("backend_setup"):
+            module, _, function = s["backend_setup"].partition(":")
+            backend = getattr(importlib.import_module(module), function)()
         kwargs: dict[str, Any] = {"timeout": timedelta(seconds=s["pg_timeout_s"])}
         if device.startswith("cuda"):
             kwargs["device_id"] = torch.device(device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-IntervalKind = Literal["compute", "comm"]
+IntervalKind = Literal["compute", "comm", "wait"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,8 @@ class Interval:
     """One timed span on one rank, in nanoseconds of the rank's monotonic clock."""
 
     kind: IntervalKind
-    """"compute" (forward, backward, optimizer, pipeline action) or "comm" (a collective)."""
+    """"compute" (forward, backward, optimizer, pipeline action), "comm" (a collective), or "wait" (the
+    calling thread blocked on a collective: not computing, even inside a compute span)."""
     name: str
     """What ran: "forward", "backward", "optimizer", "all_reduce", "all_gather", "send", ..."""
     start_ns: int
@@ -74,5 +75,9 @@ class StepMetrics:
     """Model FLOPs of the step on this rank (forward + backward, from the model's formula)."""
     mfu: float | None = None
     """flops / step_time_s / peak FLOP/s of the device; None when the peak is unknown."""
+    mfu_basis: str = ""
+    """Where the peak behind `mfu` comes from: a datasheet, or a matmul peak measured on this rank."""
     intervals: tuple[Interval, ...] = ()
     """Every timed span of the step on this rank."""
+    pipeline_actions: tuple[tuple[int, int, str, int, int], ...] = ()
+    """(stage, micro-batch, "F"|"B", start_ns, end_ns) of each pipeline action this rank ran."""

@@ -1,0 +1,135 @@
+// Python bindings. Names here are private to workbench.telemetry.native,
+// which is the public face; keep this file to conversions only.
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include <pybind11/stl.h>
+
+#include "clock.h"
+#include "completion.h"
+#include "intervals.h"
+#include "recorder.h"
+#include "recording_backend.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using PySpans = std::vector<std::pair<int64_t, int64_t>>;
+
+std::vector<wbt::Span> to_spans(const PySpans& in) {
+  std::vector<wbt::Span> out;
+  out.reserve(in.size());
+  for (const auto& [s, e] : in) {
+    out.push_back({s, e});
+  }
+  return out;
+}
+
+PySpans from_spans(const std::vector<wbt::Span>& in) {
+  PySpans out;
+  out.reserve(in.size());
+  for (const auto& s : in) {
+    out.emplace_back(s.start, s.end);
+  }
+  return out;
+}
+
+wbt::Kind parse_kind(const std::string& kind) {
+  if (kind == "compute") {
+    return wbt::Kind::Compute;
+  }
+  if (kind == "comm") {
+    return wbt::Kind::Comm;
+  }
+  if (kind == "wait") {
+    return wbt::Kind::Wait;
+  }
+  throw py::value_error("kind must be \"compute\", \"comm\" or \"wait\", got \"" + kind + "\"");
+}
+
+py::list drain(wbt::Recorder& r) {
+  // Copy out under the recorder's lock, then build Python objects without
+  // it, so communication threads are never held up by Python allocation.
+  const auto records = r.drain();
+  py::list out(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& x = records[i];
+    out[i] = py::make_tuple(
+        x.kind == wbt::Kind::Comm ? "comm" : x.kind == wbt::Kind::Wait ? "wait" : "compute",
+        x.name,
+        x.start_ns,
+        x.end_ns,
+        x.bytes,
+        x.group_size,
+        x.stream,
+        x.group);
+  }
+  return out;
+}
+
+c10::intrusive_ptr<c10d::Backend> optional_backend(const py::object& obj) {
+  if (obj.is_none()) {
+    return {};
+  }
+  return obj.cast<c10::intrusive_ptr<c10d::Backend>>();
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("now_ns", &wbt::now_ns);
+
+  py::class_<wbt::Recorder, std::shared_ptr<wbt::Recorder>>(m, "Recorder")
+      .def(py::init<size_t>(), py::arg("capacity") = size_t{1} << 17)
+      .def(
+          "begin",
+          [](wbt::Recorder& r, const std::string& kind, std::string name, std::string stream) {
+            return r.begin(parse_kind(kind), std::move(name), std::move(stream));
+          },
+          py::arg("kind"),
+          py::arg("name"),
+          py::arg("stream") = "main")
+      .def("end", &wbt::Recorder::end, py::arg("token"))
+      .def("drain", &drain)
+      .def("set_enabled", &wbt::Recorder::set_enabled)
+      .def_property_readonly("enabled", &wbt::Recorder::enabled)
+      .def_property_readonly("open_count", &wbt::Recorder::open_count)
+      .def_property_readonly("dropped", &wbt::Recorder::dropped);
+  m.def("recorder", [] { return wbt::global_recorder(); });
+
+  m.def("merge", [](const PySpans& s) { return from_spans(wbt::merge(to_spans(s))); });
+  m.def("union_length", [](const PySpans& s) { return wbt::union_length(to_spans(s)); });
+  m.def("intersection", [](const PySpans& a, const PySpans& b) {
+    return from_spans(wbt::intersection(to_spans(a), to_spans(b)));
+  });
+  m.def("step_overlap", [](const PySpans& compute, const PySpans& comm) {
+    const auto r = wbt::step_overlap(to_spans(compute), to_spans(comm));
+    return py::make_tuple(r.comm_ns, r.exposed_ns, r.overlapped_ns);
+  });
+
+  m.def(
+      "recording_backend",
+      [](int rank, int size, const py::object& cpu, const py::object& cuda, std::string group_name) {
+        return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<wbt::RecordingBackend>(
+            rank, size, optional_backend(cpu), optional_backend(cuda),
+            std::move(group_name), wbt::global_recorder()));
+      },
+      py::arg("rank"),
+      py::arg("size"),
+      py::arg("cpu"),
+      py::arg("cuda"),
+      py::arg("group_name") = "");
+  m.def("is_recording_backend", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    return dynamic_cast<wbt::RecordingBackend*>(b.get()) != nullptr;
+  });
+  m.def(
+      "set_host_func_launcher",
+      [](uintptr_t address) {
+        wbt::set_host_func_launcher(reinterpret_cast<wbt::HostFuncLauncher>(address));
+      },
+      py::arg("address"));
+  m.def("has_host_func_launcher", &wbt::has_host_func_launcher);
+  m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
+}

@@ -1,0 +1,102 @@
+#include "recorded_work.h"
+
+#include <ATen/core/ivalue.h>
+
+#include "clock.h"
+
+namespace wbt {
+
+RecordedWork::RecordedWork(
+    c10::intrusive_ptr<c10d::Work> inner,
+    c10::intrusive_ptr<c10::ivalue::Future> future,
+    std::optional<Record> stamp_on_wait,
+    std::shared_ptr<Recorder> recorder)
+    : c10d::Work(-1, inner->retrieveOpType()),
+      inner_(std::move(inner)),
+      future_(std::move(future)),
+      record_(std::move(stamp_on_wait)),
+      recorder_(std::move(recorder)) {}
+
+void RecordedWork::stamp() {
+  if (!record_ || stamped_.exchange(true)) {
+    return;
+  }
+  record_->end_ns = now_ns();
+  recorder_->add(std::move(*record_));
+}
+
+bool RecordedWork::isCompleted() {
+  const bool done = inner_->isCompleted();
+  if (done) {
+    stamp();
+  }
+  return done;
+}
+
+bool RecordedWork::wait(std::chrono::milliseconds timeout) {
+  const int64_t start = now_ns();
+  const bool ok = inner_->wait(timeout);
+  stamp();
+  const int64_t end = now_ns();
+  // A wait that blocked (not one on a collective already done) is time the
+  // calling thread did not compute: FSDP2 waiting for its all-gather, a
+  // tensor-parallel wait_tensor, a pipeline recv.
+  // Works whose end is stamped through their future carry no recorder of their own.
+  const auto& recorder = recorder_ ? recorder_ : global_recorder();
+  if (end - start > kMinWaitNs && recorder->enabled()) {
+    Record r;
+    r.kind = Kind::Wait;
+    r.name = "wait " + c10d::opTypeToString(retrieveOpType());
+    r.start_ns = start;
+    r.end_ns = end;
+    r.stream = "caller";
+    recorder->add(std::move(r));
+  }
+  return ok;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> RecordedWork::getFuture() {
+  return future_ ? future_ : inner_->getFuture();
+}
+
+bool RecordedWork::isSuccess() const {
+  return inner_->isSuccess();
+}
+
+std::exception_ptr RecordedWork::exception() const {
+  return inner_->exception();
+}
+
+int RecordedWork::sourceRank() const {
+  return inner_->sourceRank();
+}
+
+std::vector<at::Tensor> RecordedWork::result() {
+  return inner_->result();
+}
+
+void RecordedWork::synchronize() {
+  inner_->synchronize();
+}
+
+void RecordedWork::blockCurrentStream() {
+  inner_->blockCurrentStream();
+}
+
+void RecordedWork::abort() {
+  inner_->abort();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> RecordedWork::getFutureResult() {
+  return inner_->getFutureResult();
+}
+
+float RecordedWork::getDuration() const {
+  return inner_->getDuration();
+}
+
+uint64_t RecordedWork::getSequencenumber() const {
+  return inner_->getSequencenumber();
+}
+
+} // namespace wbt

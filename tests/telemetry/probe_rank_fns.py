@@ -1,0 +1,42 @@
+"""Rank functions for the probe tests: train a few steps with telemetry on and report, with independent sums."""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.config import Config
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def train_and_measure(cfg: Config, steps: int = 2) -> dict:
+    import torch.distributed as dist
+
+    from workbench.engine.data import TokenData
+    from workbench.engine.mesh import build_mesh
+    from workbench.engine.trainer import Trainer
+    from workbench.pool import rank
+
+    with rank.unchecked():
+        trainer = Trainer(cfg, build_mesh(cfg, "cpu"), "cpu", TokenData.for_config(cfg), telemetry=True)
+        metrics = [trainer.step(i) for i in range(steps)]
+    m = metrics[-1]
+    # Independent measures, straight from the tensors (to_local, nbytes, the optimizer's state_dict).
+    params = sum(_local(p).nbytes for mod in trainer.modules for p in mod.parameters())
+    opt_state = 0
+    for opt in trainer.optimizers:
+        inner = getattr(opt, "optim", opt)
+        for state in inner.state_dict()["state"].values():
+            opt_state += sum(_local(v).nbytes for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+    full = sum(p.numel() * 4 for p in __import__("workbench.engine.model", fromlist=["x"]).build_model(
+        cfg.model, cfg.seed).parameters())
+    return {
+        "memory": m.memory, "peak": m.peak_memory, "independent_params": params, "independent_optimizer": opt_state,
+        "full_params": full, "flops": m.flops, "mfu": m.mfu, "basis": m.mfu_basis,
+        "comm": [(iv.name, iv.bytes, iv.group_size) for iv in m.intervals if iv.kind == "comm"],
+        "compute": [iv.name for iv in m.intervals if iv.kind == "compute"],
+        "comm_time_s": m.comm_time_s, "exposed_comm_s": m.exposed_comm_s, "overlap": m.overlap,
+        "step_time_s": m.step_time_s, "world": dist.get_world_size(), "actions": m.pipeline_actions,
+    }

@@ -1,0 +1,120 @@
+"""The pure-Python telemetry arithmetic against hand-computed values.
+
+The same interval cases run against the C++ twin in test_native.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workbench.telemetry import analysis
+from workbench.telemetry.events import Interval
+
+# (spans, merged, union length), worked out by hand.
+UNION_CASES = [
+    ([], [], 0),
+    ([(3, 3)], [], 0),
+    ([(0, 10), (5, 15), (20, 25)], [(0, 15), (20, 25)], 20),
+    ([(0, 5), (5, 9)], [(0, 9)], 9),  # touching spans join
+    ([(0, 100), (10, 20), (30, 40)], [(0, 100)], 100),  # nested
+    ([(20, 30), (0, 10), (8, 12)], [(0, 12), (20, 30)], 22),  # unsorted input
+]
+
+# (a, b, a ∩ b)
+INTERSECTION_CASES = [
+    ([(0, 10), (20, 30)], [(5, 25)], [(5, 10), (20, 25)]),
+    ([(20, 30), (0, 10), (8, 12)], [(11, 21), (29, 50)], [(11, 12), (20, 21), (29, 30)]),
+    ([(0, 10)], [(10, 20)], []),  # touching is not overlapping
+    ([(0, 10)], [], []),
+]
+
+# (compute, comm, (comm_ns, exposed_ns, overlapped_ns))
+OVERLAP_CASES = [
+    # comm = [80,160) ∪ [190,250) = 140; under compute: [80,100) + [150,160) + [190,200) = 40
+    ([(0, 100), (150, 200)], [(80, 160), (190, 250)], (140, 100, 40)),
+    # comm entirely hidden behind compute; its two spans overlap each other
+    ([(0, 100)], [(10, 20), (15, 30)], (20, 0, 20)),
+    # nothing runs alongside
+    ([(0, 10)], [(10, 30)], (20, 20, 0)),
+    # no communication at all
+    ([(0, 10)], [], (0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize(("spans", "merged", "length"), UNION_CASES)
+def test_merge_and_union_length(spans, merged, length):
+    assert analysis.merge(spans) == merged
+    assert analysis.union_length(spans) == length
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), INTERSECTION_CASES)
+def test_intersection(a, b, expected):
+    assert analysis.intersection(a, b) == expected
+    assert analysis.intersection(b, a) == expected
+
+
+@pytest.mark.parametrize(("compute", "comm", "expected"), OVERLAP_CASES)
+def test_step_overlap_ns(compute, comm, expected):
+    assert analysis.step_overlap_ns(compute, comm) == expected
+
+
+def test_inverted_span_is_refused():
+    with pytest.raises(ValueError, match="ends before it starts"):
+        analysis.union_length([(10, 5)])
+
+
+def _iv(kind, start, end):
+    return Interval(kind=kind, name="x", start_ns=start, end_ns=end)
+
+
+def test_step_summary_in_seconds_with_overlap_ratio():
+    ivs = [_iv("compute", 0, 100), _iv("compute", 150, 200), _iv("comm", 80, 160), _iv("comm", 190, 250)]
+    comm_s, exposed_s, overlap = analysis.step_summary(ivs)
+    assert comm_s == pytest.approx(140e-9, rel=1e-12)
+    assert exposed_s == pytest.approx(100e-9, rel=1e-12)
+    assert overlap == 40 / 140
+
+
+def test_step_summary_without_communication_has_no_overlap():
+    assert analysis.step_summary([_iv("compute", 0, 10)]) == (0.0, 0.0, None)
+    assert analysis.step_summary([]) == (0.0, 0.0, None)
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "factor"),
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 8, 2 * 7 / 8),
+        ("all_gather", 4, 3 / 4),
+        ("reduce_scatter", 4, 3 / 4),
+        ("all_to_all", 8, 7 / 8),
+        ("broadcast", 8, 1.0),
+        ("reduce", 8, 1.0),
+        ("send", 2, 1.0),
+        ("recv", 2, 1.0),
+        ("send+recv", 2, 1.0),
+        ("all_reduce", 1, 0.0),  # one rank moves nothing over a bus
+    ],
+)
+def test_bus_factor_follows_nccl_tests(op, n, factor):
+    assert analysis.bus_factor(op, n) == pytest.approx(factor, rel=1e-15)
+
+
+def test_bus_factor_refuses_what_it_does_not_know():
+    with pytest.raises(ValueError, match="barrier"):
+        analysis.bus_factor("barrier", 2)
+    with pytest.raises(ValueError, match="different bus factors"):
+        analysis.bus_factor("all_reduce+send", 4)
+
+
+def test_bandwidth_of_a_recorded_all_reduce():
+    # 1 GB all_reduce in 0.5 s among 4 ranks: algbw 2 GB/s, busbw 2 * 2*3/4 = 3 GB/s
+    iv = Interval("comm", "all_reduce", 0, 500_000_000, bytes=10**9, group_size=4)
+    alg, bus = analysis.interval_bandwidth(iv)
+    assert alg == pytest.approx(2e9)
+    assert bus == pytest.approx(3e9)
+    with pytest.raises(ValueError, match="positive"):
+        analysis.algbw(10, 0.0)
+    assert math.isclose(analysis.busbw("all_gather", 4_000, 1e-6, 2), 2e9)

@@ -1,0 +1,129 @@
+"""The CUDA telemetry library: compiled with nvcc on every run, exercised on a GPU when there is one.
+
+Compiling needs only nvcc (no GPU, no CUDA build of torch), so a broken .cu
+file fails here on any machine that has nvcc. Tests marked ``gpu`` need a
+CUDA device; the last one also a CUDA build of torch with NCCL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from workbench.telemetry import cuda
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def fresh_library(tmp_path_factory):
+    if cuda.nvcc() is None:
+        pytest.skip("nvcc not found (neither $CUDA_HOME/bin/nvcc nor on PATH): cannot compile the CUDA part")
+    out = tmp_path_factory.mktemp("cuda") / "libwbcuda.so"
+    cmd = cuda.compile_command(out)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr}"
+    return out
+
+
+def test_compiles_and_exports_its_interface(fresh_library):
+    lib = ctypes.CDLL(str(fresh_library))
+    assert lib.wb_cuda_abi_version() == cuda.ABI_VERSION
+    cuda._declare(lib)  # every declared function must exist in the build
+
+
+def test_without_a_usable_gpu_errors_are_clean(fresh_library):
+    try:
+        n = cuda.device_count()
+    except cuda.CudaError as e:
+        # no driver: a readable error, not a crash
+        assert "CUDA error" in str(e) and "(" in str(e)
+        with pytest.raises(cuda.CudaError):
+            cuda.StreamStamper(0)
+        return
+    if n > 0:
+        pytest.skip("a GPU is present; the gpu-marked tests cover it")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    try:
+        n = cuda.device_count()
+    except (cuda.CudaError, OSError) as e:
+        pytest.skip(f"no usable CUDA device: {e}")
+    if n == 0:
+        pytest.skip("no CUDA device")
+
+
+@pytest.mark.gpu
+def test_memory_counters(gpu):
+    free, total = cuda.memory(0)
+    assert 0 < free <= total
+
+
+@pytest.mark.gpu
+def test_spans_are_read_back_without_waiting_for_the_gpu(gpu):
+    stamper = cuda.StreamStamper(0)
+    before = time.monotonic_ns()
+    span = stamper.begin("compute", "spin", stream=0)
+    cuda.spin(0, 50_000_000)  # 50 ms of GPU work on the default stream
+    stamper.end(span, stream=0)
+
+    t0 = time.perf_counter()
+    assert stamper.drain() == []  # still running: kept, not waited for
+    assert time.perf_counter() - t0 < 0.005
+    assert stamper.pending == 1
+
+    deadline = time.monotonic() + 5
+    done = []
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+        done = stamper.drain()
+    after = time.monotonic_ns()
+    (iv,) = done
+    assert (iv.kind, iv.name) == ("compute", "spin")
+    assert 50e-3 <= iv.duration_s < 52e-3
+    # On the host clock: after it was enqueued (anchor error well under 1 ms), before we saw it.
+    assert before - 1_000_000 <= iv.start_ns < iv.end_ns <= after
+    assert stamper.pending == 0
+    stamper.close()
+
+
+@pytest.mark.gpu
+def test_nccl_collectives_are_stamped_on_the_gpu(gpu):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch has no CUDA")
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    from workbench.telemetry import comm, native
+
+    comm.register()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)
+        dist.init_process_group("workbench", store=store, rank=0, world_size=1)
+        try:
+            x = torch.ones(MiB, device="cuda")
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            time.sleep(0.05)
+            native.drain()
+            issued = time.monotonic_ns()
+            cuda.spin(torch.cuda.current_stream().cuda_stream, 30_000_000)
+            dist.all_reduce(x)  # queued behind 30 ms of GPU work
+            torch.cuda.synchronize()
+            time.sleep(0.05)  # the end stamp is a host function run by the driver
+            (iv,) = native.drain()
+        finally:
+            dist.destroy_process_group()
+    assert (iv.name, iv.bytes, iv.stream) == ("all_reduce", 4 * MiB, "nccl")
+    # GPU-side start: after the spin kernel, not when Python issued the call.
+    assert iv.start_ns - issued >= 29_000_000
+    assert native.load().unstamped_cuda_ops() == 0

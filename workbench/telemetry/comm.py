@@ -1,0 +1,79 @@
+"""The recording communication backend: every collective of every layout, timed natively.
+
+``register()`` makes ``init_process_group(backend="workbench")`` (and every
+sub-group: ``new_group``, DeviceMesh) build a C++ backend that wraps gloo
+for CPU tensors and NCCL for CUDA tensors, forwards each operation unchanged,
+and records one span per collective into the rank's recorder: start when it
+is issued, end in a native completion callback, payload bytes as nccl-tests
+counts them. Nothing in Python is patched, so DDP's C++ reducer, FSDP2,
+DTensor and pipeline send/recv are all seen alike.
+
+With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps this backend in its own
+``_ProcessGroupWrapper`` (desync checks on a separate helper gloo group, which
+is not recorded), so the checks stay available.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from workbench.telemetry import native
+
+BACKEND_NAME = "workbench"
+
+
+def register() -> str:
+    """Make ``backend="workbench"`` available to ``init_process_group``; returns the name.
+
+    Idempotent. Must run in every rank before the world group is created.
+    """
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    # One backend object serves both devices: ProcessGroup keys backends by
+    # type, and two CUSTOM ones in one group would alias each other.
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
+    native.load()  # fail here, with the build error, rather than inside init_process_group
+    return BACKEND_NAME
+
+
+def _create(opts, pg_options=None):
+    """The creator torch calls for each new group (extended API: DistributedBackendOptions)."""
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    ext = native.load()
+    rank, size, timeout = opts.group_rank, opts.group_size, opts.timeout
+    # Each inner backend rendezvouses under its own prefix of the group's store.
+    gloo = ProcessGroupGloo(PrefixStore("gloo/", opts.store), rank, size, timeout)
+    gloo.options.global_ranks_in_group = opts.global_ranks_in_group
+    gloo.options.group_name = opts.group_id
+    gloo._set_sequence_number_for_group()
+    nccl = _create_nccl(opts, pg_options) if torch.cuda.is_available() else None
+    return ext.recording_backend(rank, size, gloo, nccl, opts.group_id)
+
+
+def _create_nccl(opts, pg_options):
+    if not dist.is_nccl_available():
+        return None
+    from torch.distributed import PrefixStore, ProcessGroupNCCL
+
+    from workbench.telemetry import cuda
+
+    # CUDA spans are stamped by host functions on the streams; without the
+    # launcher they would go unrecorded, so refuse to start instead.
+    native.load().set_host_func_launcher(cuda.host_func_launcher_address())
+    options = pg_options if isinstance(pg_options, ProcessGroupNCCL.Options) else ProcessGroupNCCL.Options()
+    options._timeout = opts.timeout
+    options.global_ranks_in_group = opts.global_ranks_in_group
+    options.group_name = opts.group_id
+    nccl = ProcessGroupNCCL(PrefixStore("nccl/", opts.store), opts.group_rank, opts.group_size, options)
+    nccl._set_sequence_number_for_group()
+    return nccl
+
+
+def recording_backend_of(group: dist.ProcessGroup | None = None, device: str = "cpu"):
+    """The recording backend behind ``group`` (looking through DETAIL's wrapper), or None."""
+    backend = (group or dist.group.WORLD)._get_backend(torch.device(device))
+    wrapped = getattr(backend, "wrapped_pg", None)
+    if wrapped is not None:
+        backend = wrapped
+    return backend if native.load().is_recording_backend(backend) else None

@@ -1,0 +1,216 @@
+"""The CUDA part of the telemetry: GPU spans timed with CUDA events, device memory counters.
+
+Built from ``extensions/cuda/*.cu`` with nvcc alone (CUDA runtime API only,
+no torch CUDA libraries needed to compile) into a shared library in the same
+persistent cache as the C++ extension, and loaded with ctypes. Streams are
+passed as integers (``torch.cuda.Stream.cuda_stream``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+from workbench.telemetry.events import Interval, IntervalKind
+from workbench.telemetry.native import NativeBuildError, cache_root
+
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "cuda"
+ABI_VERSION = 1
+# Cubins for A100 and H100/H200, plus PTX for compute 7.5 that the driver
+# compiles for any newer GPU; WORKBENCH_CUDA_ARCHS="80;90" overrides.
+_DEFAULT_GENCODE = [
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_75,code=compute_75",
+]
+
+
+class CudaError(RuntimeError):
+    """A CUDA runtime call failed; the message carries cudaGetErrorString's text."""
+
+
+def nvcc() -> str | None:
+    """Path of nvcc: ``$CUDA_HOME/bin/nvcc``, else the one on PATH, else None."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def _gencode() -> list[str]:
+    archs = os.environ.get("WORKBENCH_CUDA_ARCHS")
+    if not archs:
+        return list(_DEFAULT_GENCODE)
+    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs.replace(",", ";").split(";") if a]
+
+
+def compile_command(output: Path) -> list[str]:
+    """The nvcc command line that builds the library into ``output``."""
+    compiler = nvcc()
+    if compiler is None:
+        raise NativeBuildError("cannot build the CUDA telemetry library: nvcc not found (set CUDA_HOME)")
+    sources = sorted(str(p) for p in SOURCE_DIR.glob("*.cu"))
+    return [
+        compiler, "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+        "-O2", "-std=c++17", *_gencode(), *sources, "-o", str(output),
+    ]  # fmt: skip
+
+
+def library_path() -> Path:
+    h = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.glob("*")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(" ".join(_gencode()).encode())
+    key = h.hexdigest()[:16]
+    return cache_root() / "extensions" / f"cuda-{key}" / "libwbcuda.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library into the cache unless it is there; return its path."""
+    out = library_path()
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside and rename: ranks building at once never load half a file.
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = compile_command(tmp)
+    done = subprocess.run(cmd, capture_output=not verbose, text=True)
+    if done.returncode != 0:
+        raise NativeBuildError(
+            f"nvcc failed ({done.returncode}) building the CUDA telemetry library:\n"
+            f"{' '.join(cmd)}\n{done.stderr or ''}"
+        )
+    os.replace(tmp, out)
+    return out
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def load() -> ctypes.CDLL:
+    """The library, built first if needed, with argument types declared."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            lib = ctypes.CDLL(str(build()))
+            if lib.wb_cuda_abi_version() != ABI_VERSION:
+                raise NativeBuildError(f"stale CUDA telemetry library at {library_path()}: delete it")
+            _declare(lib)
+            _lib = lib
+        return _lib
+
+
+class _Span(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int64), ("start_ns", ctypes.c_int64), ("end_ns", ctypes.c_int64)]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_int, p = ctypes.c_int, ctypes.POINTER
+    sigs = {
+        "wb_cuda_error_string": ([c_int], ctypes.c_char_p),
+        "wb_cuda_device_count": ([p(c_int)], c_int),
+        "wb_cuda_mem_info": ([c_int, p(ctypes.c_size_t), p(ctypes.c_size_t)], c_int),
+        "wb_cuda_launch_host_func": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], c_int),
+        "wb_stamper_create": ([c_int, p(ctypes.c_void_p)], c_int),
+        "wb_stamper_destroy": ([ctypes.c_void_p], None),
+        "wb_stamper_begin": ([ctypes.c_void_p, ctypes.c_size_t, p(ctypes.c_int64)], c_int),
+        "wb_stamper_end": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t], c_int),
+        "wb_stamper_drain": ([ctypes.c_void_p, p(_Span), c_int, p(c_int)], c_int),
+        "wb_stamper_pending": ([ctypes.c_void_p], c_int),
+        "wb_cuda_spin": ([ctypes.c_size_t, ctypes.c_int64], c_int),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+
+
+def _check(err: int, what: str) -> None:
+    if err != 0:
+        text = load().wb_cuda_error_string(err).decode()
+        raise CudaError(f"{what}: CUDA error {err} ({text})")
+
+
+def device_count() -> int:
+    """GPUs visible to the CUDA runtime; raises CudaError when there is no usable driver."""
+    n = ctypes.c_int()
+    _check(load().wb_cuda_device_count(ctypes.byref(n)), "cudaGetDeviceCount")
+    return n.value
+
+
+def memory(device: int = 0) -> tuple[int, int]:
+    """``(free_bytes, total_bytes)`` of the device, counting every process on it."""
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(load().wb_cuda_mem_info(device, ctypes.byref(free), ctypes.byref(total)), "cudaMemGetInfo")
+    return free.value, total.value
+
+
+def host_func_launcher_address() -> int:
+    """Address of the cudaLaunchHostFunc wrapper, for ``native`` to stamp NCCL collectives."""
+    return ctypes.cast(load().wb_cuda_launch_host_func, ctypes.c_void_p).value
+
+
+def spin(stream: int, ns: int) -> None:
+    """Enqueue a kernel that keeps the GPU busy for about ``ns`` nanoseconds (tests, calibration)."""
+    _check(load().wb_cuda_spin(stream, ns), "spin kernel launch")
+
+
+class StreamStamper:
+    """Times spans of GPU work on given streams, read back without ever waiting for the GPU.
+
+    ``begin`` and ``end`` record CUDA events on the stream(s); ``drain`` returns the spans whose
+    end has happened on the GPU, on the host's monotonic clock, and keeps the rest for later.
+    """
+
+    def __init__(self, device: int = 0) -> None:
+        self._lib = load()
+        handle = ctypes.c_void_p()
+        _check(self._lib.wb_stamper_create(device, ctypes.byref(handle)), "creating a stamper")
+        self._handle = handle
+        self.device = device
+        self._names: dict[int, tuple[IntervalKind, str, str]] = {}
+
+    def begin(self, kind: IntervalKind, name: str, stream: int, label: str | None = None) -> int:
+        """Stamp the start on ``stream``; returns the id for :meth:`end`."""
+        span_id = ctypes.c_int64()
+        _check(self._lib.wb_stamper_begin(self._handle, stream, ctypes.byref(span_id)), f"begin {name}")
+        self._names[span_id.value] = (kind, name, label or f"cuda:{stream:#x}")
+        return span_id.value
+
+    def end(self, span_id: int, stream: int) -> None:
+        """Stamp the end on ``stream`` (which may differ from the start's)."""
+        _check(self._lib.wb_stamper_end(self._handle, span_id, stream), f"end of span {span_id}")
+
+    @property
+    def pending(self) -> int:
+        """Spans not drained yet (still running on the GPU, or not ended)."""
+        return self._lib.wb_stamper_pending(self._handle)
+
+    def drain(self, capacity: int = 4096) -> list[Interval]:
+        """Every span finished on the GPU so far, as records; unfinished ones stay pending."""
+        out: list[Interval] = []
+        buf = (_Span * capacity)()
+        while True:
+            written = ctypes.c_int()
+            _check(self._lib.wb_stamper_drain(self._handle, buf, capacity, ctypes.byref(written)), "drain")
+            for s in buf[: written.value]:
+                kind, name, label = self._names.pop(s.id)
+                out.append(Interval(kind, name, s.start_ns, s.end_ns, stream=label))
+            if written.value < capacity:
+                return out
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.wb_stamper_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass  # interpreter shutdown: the library may already be gone
