@@ -64,6 +64,7 @@ class Workbench:
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
                  pool: Pool | None = None, **pool_kwargs: Any) -> None:
         self.corpus, self.telemetry = corpus, telemetry
+        self._owns_pool = pool is None
         if pool is None:
             setup = "workbench.telemetry.comm:register" if telemetry else None
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
@@ -76,7 +77,7 @@ class Workbench:
         self._run: Run | None = None
         self._run_ids = itertools.count(1)
         self._capabilities: dict[str, Any] | None = None
-        self.pool.subscribe(self._on_event)
+        self._unsubscribe = self.pool.subscribe(self._on_event)
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -96,17 +97,21 @@ class Workbench:
             self._capabilities = self.pool.run(session.capabilities)[0]
         return self._capabilities
 
-    def apply(self, cfg: Config) -> dict[str, Any]:
+    def apply(self, cfg: Config, *, fresh: bool = False) -> dict[str, Any]:
         """Build the model in `cfg`'s layout, or reshard the trained one into it; training state carries over.
 
-        An invalid config is refused before any rank is touched; the current model stays as it was.
+        A new model (from cfg.seed, at step 0) starts when `fresh` is set or the model's shape or seed
+        changed. An invalid config is refused before any rank is touched; the current model stays as it was.
         """
         self.check(cfg)
         self._require_idle("apply a new layout")
         from workbench.engine import session
 
-        info = self.pool.run(session.apply, cfg, self.corpus, self.telemetry)[0]
+        info = self.pool.run(session.apply, cfg, self.corpus, self.telemetry, fresh)[0]
         with self._lock:
+            if not info["resharded"]:
+                self.history.clear()
+                self.layout_changes.clear()
             step = self.history[-1].step + 1 if self.history else 0
             self.layout_changes.append(LayoutChange(step, cfg))
             self.config = cfg
@@ -142,8 +147,10 @@ class Workbench:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """End every rank; the model on them is gone (save first to keep it)."""
-        self.pool.close()
+        """End every rank (of a pool this Workbench started); the model on them is gone (save first to keep it)."""
+        self._unsubscribe()
+        if self._owns_pool:
+            self.pool.close()
 
     def __enter__(self) -> "Workbench":
         return self

@@ -51,15 +51,18 @@ def capabilities() -> dict[str, Any]:
     return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True}
 
 
-def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True) -> dict[str, Any]:
+def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh: bool = False) -> dict[str, Any]:
     """Build the layout `cfg` describes; if a model exists, carry its trained state over (reshard in place).
 
+    A new model starts instead (from the seed, at step 0) when `fresh` is set
+    or the model's shape or seed changed: there is no state to carry then.
     The new trainer is complete before the old one is dropped, so a failure
     here leaves the previous model as it was.
     """
     old: Session | None = rank.state.get("session")
+    carry = old is not None and not fresh and (old.trainer.cfg.model, old.trainer.cfg.seed) == (cfg.model, cfg.seed)
     with rank.unchecked():
-        state = export_full_state(old.trainer) if old is not None else None
+        state = export_full_state(old.trainer) if carry else None
         meshes = old.meshes if old is not None else {}
         layout = mesh_layout(cfg).shape
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
@@ -69,9 +72,10 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True) -> dic
         if state is not None:
             import_full_state(trainer, state)
         dist.barrier()
-    rank.state["session"] = Session(trainer, old.next_step if old is not None else 0, meshes)
+    rank.state["session"] = Session(trainer, old.next_step if carry else 0, meshes)
     del old, state
-    return {"layout": cfg.layout, "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
+    return {"layout": cfg.layout, "resharded": carry,
+            "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
 
 
 def train(steps: int, run_id: int) -> list[StepMetrics]:

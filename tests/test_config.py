@@ -1,0 +1,81 @@
+"""Every impossible Config is refused on construction, naming the field, the values and a fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import workbench as wb
+from workbench.config import Config, ConfigError, ModelConfig
+
+TINY = ModelConfig.preset("tiny")  # 4 heads, 2 kv heads, 4 layers, MLP 384
+
+
+@pytest.mark.parametrize("changes, field, fix", [
+    (dict(tp=3), "tp", "choose tp among [1, 2, 4]"),
+    (dict(tp=4), "tp", "key/value heads"),  # 4 divides the 4 query heads but not the 2 kv heads
+    (dict(pp=3), "pp", "n_layers=4"),
+    (dict(pp=2, schedule="interleaved_1f1b", stages_per_rank=4, micro_batches=2), "pp", "pp·stages_per_rank=8"),
+    (dict(pp=2, schedule="1f1b", micro_batches=1), "micro_batches", "set micro_batches ≥ 2"),
+    (dict(pp=2, schedule="interleaved_1f1b", micro_batches=3), "micro_batches", "multiple of 2"),
+    (dict(dp=3, batch_size=16), "batch_size", "multiple of 3"),
+    (dict(dp=2, micro_batches=3, batch_size=16), "batch_size", "dp·micro_batches=2·3"),
+    (dict(schedule="zigzag"), "schedule", "gpipe"),
+    (dict(precision="fp8"), "precision", "bf16"),
+    (dict(activation_checkpointing="some"), "activation_checkpointing", "selective"),
+    (dict(zero=4), "zero", "(0, 1, 2, 3)"),
+    (dict(zero=1), "zero", "dp=1"),
+    (dict(dp=2, tp=2, zero=1), "zero", "use zero=2"),
+    (dict(dp=0), "dp", "dp > 0"),
+    (dict(batch_size=-4), "batch_size", "batch_size > 0"),
+    (dict(seq_len=0), "seq_len", "seq_len > 0"),
+    (dict(lr=0.0), "lr", "lr > 0"),
+    (dict(seq_len=4096), "seq_len", "max_seq_len"),
+    (dict(tp=2, seq_len=129), "seq_len", "multiple of 2"),
+    (dict(dp=2.0), "dp", "int"),
+    (dict(model="tiny"), "model", "ModelConfig.preset"),
+])
+def test_refusals_name_the_field_and_the_fix(changes, field, fix):
+    with pytest.raises(ConfigError) as info:
+        Config(**{"model": TINY, **changes})
+    message = str(info.value)
+    assert message.startswith(f"{field}:"), message
+    assert fix in message, message
+    assert "Fix:" in message
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(dim=130, n_heads=4), "model.n_heads"),
+    (dict(n_heads=4, n_kv_heads=3), "model.n_kv_heads"),
+    (dict(dim=0), "dim"),
+    (dict(n_layers=-1), "n_layers"),
+])
+def test_model_shapes_are_checked_too(changes, field):
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        dataclasses.replace(TINY, **changes)
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'.*'tiny'"):
+        ModelConfig.preset("huge")
+
+
+def test_world_size_and_device_checks():
+    cfg = Config(dp=2, tp=2)
+    with pytest.raises(ConfigError, match=r"dp·tp·pp = 2·2·1 = 4, but the pool has 2 ranks.*new Workbench"):
+        cfg.check_world(2)
+    cfg.check_world(4)
+    with pytest.raises(ConfigError, match="^precision: fp16 is not supported on a GPU"):
+        Config(precision="fp16").check_device("a GPU", fp16=False)
+
+
+def test_configs_are_frozen_values_with_a_layout_name():
+    cfg = Config(dp=2, zero=3, precision="bf16", activation_checkpointing="full")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.dp = 4
+    assert cfg.layout == "dp2·zero3·ac:full·bf16"
+    assert cfg.replace(zero=0).layout == "dp2·ac:full·bf16"
+    assert Config(pp=2, micro_batches=4).layout == "pp2·1f1b×4"
+    assert cfg.world_size == 2 and cfg.micro_batch_size == 8
+    assert wb.Config() == Config(model=TINY)
