@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench import checkpoints
 from workbench.config import Config, ConfigError
 from workbench.pool import Handle, Pool
 from workbench.telemetry.events import StepMetrics
@@ -118,17 +119,22 @@ class Workbench:
         return info
 
     # -- train -----------------------------------------------------------------------------------
-    def train(self, steps: int = 100) -> Run:
-        """Start training for `steps` steps in the background; returns a Run at once."""
+    def train(self, steps: int = 100, *, save_every: int | None = None, save_to: str | Path | None = None,
+              keep: int | None = None) -> Run:
+        """Start training for `steps` steps in the background; returns a Run at once.
+
+        save_every=N, save_to="ckpt/": also save a checkpoint every N steps, keeping the last `keep`.
+        """
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps: must be a positive integer, got {steps!r}")
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
+        saves = checkpoints.schedule(save_every, save_to, keep)
         from workbench.engine import session
 
         run_id = next(self._run_ids)
-        self._run = Run(self, self.pool.run_async(session.train, steps, run_id), run_id, steps)
+        self._run = Run(self, self.pool.run_async(session.train, steps, run_id, saves), run_id, steps)
         return self._run
 
     @property
@@ -144,6 +150,15 @@ class Workbench:
         if rank == 0 and isinstance(event, StepMetrics):
             with self._lock:
                 self.history.append(event)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, path: str | Path, *, keep: int | None = None) -> Path:
+        """Save model, optimizer, loss scale, data position, RNG states and Config as `path`/step-N."""
+        return checkpoints.save(self, path, keep=keep)
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it)."""
+        return checkpoints.load(self, path)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -7,7 +7,6 @@ import shlex
 import socket
 import stat
 import subprocess
-import time
 
 import workbench as wb
 from tests.pool import rank_fns

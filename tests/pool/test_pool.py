@@ -112,8 +112,6 @@ def test_bad_arguments_are_refused_before_any_process_starts():
 
 
 def test_a_call_a_rank_cannot_unpickle_is_an_error_not_a_dead_rank(pool):
-    import cloudpickle
-
     class Unloadable:
         def __reduce__(self):
             return (__import__, ("a_module_that_does_not_exist",))

@@ -59,8 +59,8 @@ def test_memory_shrinks_across_zero_stages_as_theory_says(zero_stages):
 def test_ddp_all_reduces_exactly_the_gradient_bytes_each_step(zero_stages):
     r = zero_stages[0][0]
     reduced = sum(nbytes for name, nbytes, _ in r["comm"] if name == "all_reduce")
-    # DDP's buckets carry every gradient once; the trainer's own all-reduce carries 5 fp32 verdicts.
-    assert reduced == r["full_params"] + 5 * 4
+    # DDP's buckets carry every gradient once; the trainer's own all-reduce carries its 6 fp32 verdicts.
+    assert reduced == r["full_params"] + 6 * 4
     assert 0 <= r["exposed_comm_s"] <= r["comm_time_s"] and 0 <= r["overlap"] <= 1
     assert {"forward", "backward", "optimizer"} <= set(r["compute"])
 

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.checkpoints import SaveSchedule
 from workbench.config import Config
+from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh, mesh_layout
 from workbench.engine.state import export_full_state, import_full_state
@@ -78,7 +80,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
             "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
 
 
-def train(steps: int, run_id: int) -> list[StepMetrics]:
+def train(steps: int, run_id: int, saves: SaveSchedule | None = None) -> list[StepMetrics]:
     """Train `steps` steps, emitting each step's metrics; stop early, on every rank together, when asked."""
     session = _session()
     done: list[StepMetrics] = []
@@ -89,6 +91,8 @@ def train(steps: int, run_id: int) -> list[StepMetrics]:
             session.next_step += 1
             rank.emit(metrics)
             done.append(metrics)
+            if saves is not None:
+                checkpoint.after_step(session, saves)
             if session.trainer.agreed.stop:
                 break
     return done

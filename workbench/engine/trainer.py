@@ -10,6 +10,8 @@ happened without further round trips.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,7 +45,9 @@ class Flags:
     stop: bool = False
     """Stop training after this step (e.g. the user asked, and only one rank saw the request)."""
     skip: bool = False
-    """Do not apply this step's update anywhere (e.g. this rank ran out of memory)."""
+    """Do not apply this step's update anywhere."""
+    oom: bool = False
+    """This rank ran out of memory in the step: the update is skipped everywhere."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,24 @@ class Agreed:
     """A rank voted to skip the update."""
     overflow: bool = False
     """A rank found inf/nan in its fp16 gradients: the update was skipped and the loss scale lowered."""
+    oom: bool = False
+    """A rank ran out of memory: the update was skipped."""
+    nonfinite: bool = False
+    """The loss was inf/nan: the update was skipped rather than written into the weights."""
+
+    @property
+    def skipped(self) -> bool:
+        return self.skip or self.overflow or self.oom or self.nonfinite
 
     @property
     def skip_reason(self) -> str:
+        if self.oom:
+            return "out of memory on a rank"
         if self.skip:
             return "skip requested by a rank"
-        return "fp16 gradient overflow" if self.overflow else ""
+        if self.overflow:
+            return "fp16 gradient overflow"
+        return "non-finite loss" if self.nonfinite else ""
 
 
 class Trainer:
@@ -104,12 +120,21 @@ class Trainer:
         self.probe.begin_step()
         start = time.perf_counter()
         inputs, targets = self._batch(step_index)
-        with self.probe.activations():  # counts what autograd saves for backward, live
-            loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
-        self.probe.after_backward()
-        found_inf = self.precision.unscale(self.optimizers)  # fp16 only: this rank's own verdict
+        try:
+            with self.probe.activations():  # counts what autograd saves for backward, live
+                loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
+            self.probe.after_backward()
+            found_inf = self.precision.unscale(self.optimizers)  # fp16 only: this rank's own verdict
+        except torch.OutOfMemoryError:
+            # Vote to skip and drop the half-made gradients; the activations went with the exception's frames.
+            # The other ranks skip with this one only if it failed after the step's gradient collectives
+            # (DDP/FSDP sync inside backward): failing before them leaves the others waiting there, and the
+            # pool reports them stuck (then restart and load the last checkpoint).
+            loss, found_inf, flags = None, torch.zeros(()), dataclasses.replace(flags, oom=True)
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
-        self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skip)
+        self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skipped and not agreed.overflow)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
@@ -117,7 +142,7 @@ class Trainer:
 
         self.agreed = agreed
         self.steps_done += 1
-        skipped = agreed.skip or agreed.overflow
+        skipped = agreed.skipped
         self.skipped_steps += skipped
         elapsed = time.perf_counter() - start
         return self.probe.finish(StepMetrics(
@@ -158,7 +183,10 @@ class Trainer:
 
         has_loss = loss is not None
         payload = torch.stack([scalar(loss if has_loss else 0.0), scalar(float(has_loss)), scalar(found_inf),
-                               scalar(float(flags.stop)), scalar(float(flags.skip))])
+                               scalar(float(flags.stop)), scalar(float(flags.skip)), scalar(float(flags.oom))])
         dist.all_reduce(payload)
-        loss_sum, weight, overflow, stop, skip = payload.tolist()  # the step's one host sync
-        return Agreed(loss=loss_sum / weight, stop=stop > 0, skip=skip > 0, overflow=overflow > 0)
+        loss_sum, weight, overflow, stop, skip, oom = payload.tolist()  # the step's one host sync
+        loss = loss_sum / weight if weight else float("nan")
+        # Every rank sees the same sum, so a non-finite loss is a verdict all agree on, at no extra cost.
+        return Agreed(loss=loss, stop=stop > 0, skip=skip > 0, overflow=overflow > 0, oom=oom > 0,
+                      nonfinite=not math.isfinite(loss))

@@ -1,0 +1,171 @@
+"""Checkpoint directories without ranks or torch: naming, atomic commit, interrupted saves, digests, choice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench import checkpoints as ck
+from workbench.config import Config, ModelConfig
+
+
+def _save(root: Path, step: int, payload: bytes = b"shard", *, keep: int | None = None, nonce: str = "ab12") -> Path:
+    """What a save leaves on disk: shards in the temporary directory, then the commit."""
+    tmp = ck.temp_dir(root, step, nonce)
+    tmp.mkdir(parents=True)
+    (tmp / ".metadata").write_bytes(b"index")
+    (tmp / "__0_0.distcp").write_bytes(payload)
+    (tmp / "__1_0.distcp").write_bytes(payload[::-1])
+    manifest = {"files": ck.digests(tmp), "next_step": step, "layout": "dp2", "config": {}}
+    return ck.commit(tmp, ck.final_dir(root, step), manifest, keep)
+
+
+def test_a_commit_renames_the_temporary_directory_into_a_complete_checkpoint(tmp_path):
+    final = _save(tmp_path, 120)
+    assert final == tmp_path / "step-000120"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000120"]
+    assert ck.is_committed(final)
+    manifest = ck.verify(final)
+    assert manifest["next_step"] == 120 and manifest["format"] == ck.FORMAT
+    assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+
+
+def test_loading_a_directory_takes_the_latest_complete_checkpoint(tmp_path):
+    for step in (5, 120, 30):
+        _save(tmp_path, step)
+    assert ck.resolve(tmp_path) == tmp_path / "step-000120"
+    assert ck.resolve(tmp_path / "step-000030") == tmp_path / "step-000030"  # a checkpoint named directly
+    assert [s for s, _ in ck.complete(tmp_path)] == [5, 30, 120]
+
+
+@pytest.mark.parametrize("crash_at", ["before shards", "during shards", "before the commit marker",
+                                      "before the rename"])
+def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch, crash_at):
+    previous = _save(tmp_path, 10)
+    tmp = ck.temp_dir(tmp_path, 20, "dead")
+    tmp.mkdir()
+    if crash_at != "before shards":
+        (tmp / "__0_0.distcp").write_bytes(b"half a sha")
+    if crash_at in ("before the commit marker", "before the rename"):
+        (tmp / ".metadata").write_bytes(b"index")
+
+        def crash(path, data, real=ck._write_synced):
+            if path.name == ck.COMMIT and crash_at == "before the commit marker":
+                raise KeyboardInterrupt("killed")
+            real(path, data)
+
+        monkeypatch.setattr(ck, "_write_synced", crash)
+        if crash_at == "before the rename":
+            monkeypatch.setattr(ck.os, "rename", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt("killed")))
+        with pytest.raises(KeyboardInterrupt):
+            ck.commit(tmp, ck.final_dir(tmp_path, 20), {"files": ck.digests(tmp), "next_step": 20}, None)
+    assert ck.resolve(tmp_path) == previous
+    assert ck.verify(previous)["next_step"] == 10
+    monkeypatch.undo()
+    _save(tmp_path, 30)  # the next save clears the leftovers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000010", "step-000030"]
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    _save(tmp_path, 7, b"old")
+    final = _save(tmp_path, 7, b"new", nonce="cd34")
+    assert (final / "__0_0.distcp").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000007"]
+
+
+def test_keep_holds_only_the_latest_checkpoints(tmp_path):
+    for step in range(0, 60, 10):
+        _save(tmp_path, step, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000040", "step-000050"]
+
+
+def test_a_flipped_byte_is_named(tmp_path):
+    final = _save(tmp_path, 3, b"x" * 1000)
+    data = bytearray((final / "__1_0.distcp").read_bytes())
+    data[500] ^= 0x01
+    (final / "__1_0.distcp").write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match=r"__1_0\.distcp: SHA-256 .* does not match"):
+        ck.verify(final)
+
+
+@pytest.mark.parametrize("damage", ["missing shard", "extra file", "edited manifest", "unsafe name", "new format"])
+def test_a_damaged_checkpoint_is_refused(tmp_path, damage):
+    final = _save(tmp_path, 3)
+    manifest_path = final / ck.MANIFEST
+    if damage == "missing shard":
+        (final / "__0_0.distcp").unlink()
+        match = r"__0_0\.distcp: missing"
+    elif damage == "extra file":
+        (final / "evil.py").write_text("print('hi')")
+        match = "files not in the manifest: \\['evil.py'\\]"
+    else:
+        manifest = json.loads(manifest_path.read_text())
+        if damage == "unsafe name":
+            manifest["files"]["../../etc/passwd"] = "0" * 64
+            match = "unsafe path"
+        elif damage == "new format":
+            manifest["format"] = ck.FORMAT + 1
+            match = "checkpoint format"
+        else:
+            manifest["next_step"] = 999
+            match = "does not match the commit marker"
+        manifest_path.write_text(json.dumps(manifest))
+        if damage != "edited manifest":  # a forger who also rewrites the commit marker
+            (final / ck.COMMIT).write_text(ck.sha256_file(manifest_path))
+    with pytest.raises(ck.CheckpointError, match=match):
+        ck.verify(final)
+
+
+def test_clear_errors_for_what_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="does not exist"):
+        ck.resolve(tmp_path / "nope")
+    with pytest.raises(ck.CheckpointError, match=r"no complete checkpoint in .*$"):
+        ck.resolve(tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ck.CheckpointError, match="is a file"):
+        ck.resolve(tmp_path / "file")
+    ck.temp_dir(tmp_path, 40, "beef").mkdir()
+    with pytest.raises(ck.CheckpointError, match=r"incomplete, not loadable: \.step-000040\.tmp-beef"):
+        ck.resolve(tmp_path)
+    final = _save(tmp_path, 50)
+    (final / ck.COMMIT).unlink()  # a directory that never got its commit marker
+    with pytest.raises(ck.CheckpointError, match="step-000050 is incomplete"):
+        ck.resolve(final)
+
+
+def test_an_unwritable_save_directory_is_refused_before_any_rank_is_asked(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ck.CheckpointError, match="cannot save to .*file/ckpt"):
+        ck.writable_directory(tmp_path / "file" / "ckpt")
+    assert ck.writable_directory(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    with pytest.raises(ck.CheckpointError, match="cannot save to"):
+        ck.schedule(5, tmp_path / "file" / "ckpt")
+
+
+def test_config_round_trips_through_json():
+    cfg = Config(model=ModelConfig(dim=64, n_layers=2, n_heads=2, ffn_dim=96), dp=2, zero=3, precision="fp16",
+                 lr=1e-3, seed=7)
+    assert ck.config_from_json(json.loads(json.dumps(ck.config_to_json(cfg)))) == cfg
+
+
+def test_periodic_save_options_are_checked(tmp_path):
+    assert ck.schedule(None, None) is None
+    sched = ck.schedule(5, tmp_path / "ckpt", 3)
+    assert sched.every == 5 and sched.keep == 3 and Path(sched.directory).is_absolute()
+    with pytest.raises(ValueError, match="save_to"):
+        ck.schedule(5, None)
+    with pytest.raises(ValueError, match="save_every"):
+        ck.schedule(None, "ckpt")
+    with pytest.raises(ValueError, match="save_every"):
+        ck.schedule(0, tmp_path / "ckpt")
+
+
+def test_the_module_does_not_import_torch():
+    code = "import sys, workbench.checkpoints; sys.exit('torch' in sys.modules)"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0

@@ -1,0 +1,314 @@
+"""Fault drills: a rank killed, frozen, raising, out of memory, overflowing — reported, then recovered from.
+
+Each drill prints what it measured. Recovery is always the same three calls,
+`bench.pool.restart()`, `bench.apply(cfg)`, `bench.load(path)`, and is checked
+the strictest way there is: the losses after the resume equal those of a run
+that never failed, bit for bit (same layout, same threads per rank).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import workbench as wb
+from workbench.config import Config
+from workbench.pool import rank
+
+# Workbenches run with telemetry=False: these tests are about training state, not measurements.
+CFG = Config(dp=2, batch_size=8, seq_len=64)
+EVERY = 5
+STRAIGHT = 110
+"""Steps of the reference run: enough for the soak's ten cycles of at least EVERY steps each."""
+
+
+# -- on the ranks ---------------------------------------------------------------------------------------
+def drop_session() -> None:
+    rank.state.pop("session", None)
+
+
+def params_checksum() -> float:
+    trainer = rank.state["session"].trainer
+    return float(sum((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum()
+                     for m in trainer.modules for p in m.parameters()))
+
+
+def counters() -> tuple[int, int]:
+    trainer = rank.state["session"].trainer
+    return trainer.steps_done, trainer.skipped_steps
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def user_code_fails_on(victim: int, then_wait: bool) -> int:
+    """User code from a notebook cell that raises on one rank; the others may go on into a collective."""
+    if rank.get_rank() == victim:
+        raise ValueError(f"bad value on rank {victim}")
+    if then_wait:
+        import torch.distributed as dist
+
+        dist.barrier()  # never completes: the victim is not coming
+    return rank.get_rank()
+
+
+def die_while_saving(victim: int, where: str) -> None:
+    """SIGKILL rank `victim` in the middle of its next save: after writing its shards, or before the commit marker."""
+    if rank.get_rank() != victim:
+        return
+    if where == "during shards":  # this rank's shard file is on disk, DCP's .metadata is not
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        real_write = FileSystemWriter.write_data
+
+        def write_then_die(self, plan, planner):
+            real_write(self, plan, planner).wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        FileSystemWriter.write_data = write_then_die
+    else:  # rank 0 has written the manifest, not yet the COMMIT
+        from workbench import checkpoints
+
+        real_synced = checkpoints._write_synced
+
+        def die_before_commit(path, data):
+            if path.name == checkpoints.COMMIT:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_synced(path, data)
+
+        checkpoints._write_synced = die_before_commit
+
+
+def arm(victim: int, fault: str, ballast_mb: int = 0) -> None:
+    """Make the next forward/backward on rank `victim` end in `fault`, once, after its gradients are synced."""
+    if rank.get_rank() != victim:
+        return
+    trainer = rank.state["session"].trainer
+    real = trainer.__class__._forward_backward.__get__(trainer)
+
+    def failing(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        trainer._forward_backward = real  # once
+        loss = real(inputs, targets)
+        grad = next(p.grad for m in trainer.modules for p in m.parameters() if p.grad is not None)
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        if fault == "oom":
+            # Touched pages, so the RSS shows whether the exception's frames are kept alive after the skip.
+            ballast = torch.ones(ballast_mb * 2**18)  # noqa: F841 - held by this frame
+            raise torch.OutOfMemoryError(f"simulated: tried to allocate {ballast_mb} MiB more")
+        local.view(-1)[0] = float("inf") if fault == "inf" else float("nan")
+        return loss * float("nan") if fault == "nan" else loss
+
+    trainer._forward_backward = failing
+
+
+# -- helpers in the notebook ----------------------------------------------------------------------------------
+def _fresh(bench: wb.Workbench, cfg: Config = CFG) -> None:
+    """A healthy pool and the model at its seed, as a new run."""
+    if bench.pool.broken:
+        bench.pool.restart()
+    bench.pool.run(drop_session)
+    bench.apply(cfg)
+    bench.history.clear()
+
+
+def _train_until(bench: wb.Workbench, at_least: int, directory: Path) -> wb.Run:
+    run = bench.train(2 * STRAIGHT, save_every=EVERY, save_to=directory)
+    deadline = time.monotonic() + 60
+    while (not bench.history or bench.history[-1].step < at_least) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert not run.done, "the run ended before the fault could be injected"
+    return run
+
+
+def _resume(bench: wb.Workbench, directory: Path, straight: list[float]) -> int:
+    """Restart, re-apply and load; check the steps after the checkpoint retrace the straight run exactly."""
+    t0 = time.monotonic()
+    bench.pool.restart()
+    bench.apply(CFG)
+    step = bench.load(directory)["step"]
+    print(f"  restart + apply + load: {time.monotonic() - t0:.2f} s, resumed at step {step}")
+    losses = [m.loss for m in bench.train(3).wait()]
+    assert losses == straight[step:step + 3]
+    return step + 3
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+# -- fixtures ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bench():
+    with wb.Workbench(2, telemetry=False) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def straight(bench) -> list[float]:
+    """CFG trained STRAIGHT steps without any fault or save."""
+    _fresh(bench)
+    return [m.loss for m in bench.train(STRAIGHT).wait()]
+
+
+# -- drills -----------------------------------------------------------------------------------------------
+def test_sigkill_mid_step_raises_worker_died_within_2s_and_resumes_exactly(bench, straight, tmp_path):
+    _fresh(bench)
+    run = _train_until(bench, 12, tmp_path)
+    os.kill(bench.pool.pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(wb.WorkerDied) as info:
+        run.wait(timeout=10)
+    elapsed = time.monotonic() - t0
+    print(f"\nWorkerDied after {elapsed * 1000:.0f} ms: {str(info.value).splitlines()[0]}")
+    assert info.value.rank == 1 and info.value.signal == "SIGKILL" and "rank 1" in str(info.value)
+    assert elapsed < 2.0
+    assert _resume(bench, tmp_path, straight) >= 10 + 3
+
+
+@pytest.mark.parametrize("where, victim", [("during shards", 1), ("before the commit marker", 0)])
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_loadable(bench, straight, tmp_path, where, victim):
+    _fresh(bench)
+    bench.train(EVERY).wait()
+    bench.save(tmp_path)
+    bench.train(EVERY).wait()
+    bench.pool.run(die_while_saving, victim, where)
+    with pytest.raises(wb.WorkerDied) as info:
+        bench.save(tmp_path)
+    assert info.value.rank == victim
+    left = sorted(p.name for p in tmp_path.iterdir())
+    print(f"\nkilled {where}: {left}")
+    assert left[0].startswith(f".step-{2 * EVERY:06d}.tmp-") and left[1:] == [f"step-{EVERY:06d}"]
+    assert _resume(bench, tmp_path, straight) == EVERY + 3
+
+
+def test_soak_ten_kill_restart_resume_cycles_leave_no_process_behind(straight, tmp_path):
+    pids: set[int] = set()
+    times = []
+    with wb.Workbench(2, telemetry=False) as bench:
+        _fresh(bench)
+        step = 0
+        for cycle in range(10):
+            pids.update(bench.pool.pids)
+            run = _train_until(bench, step + EVERY, tmp_path)  # at least one new checkpoint
+            os.kill(bench.pool.pids[cycle % 2], signal.SIGKILL)
+            with pytest.raises(wb.WorkerDied):
+                run.wait(timeout=10)
+            t0 = time.monotonic()
+            step = _resume(bench, tmp_path, straight)
+            times.append(time.monotonic() - t0)
+            bench.history.clear()
+        pids.update(bench.pool.pids)
+    left = _wait_gone(sorted(pids), 10)
+    print(f"\n10 cycles: recovery median {sorted(times)[5]:.2f} s, max {max(times):.2f} s; reached step {step}; "
+          f"{len(pids)} rank processes started, {len(left)} left")
+    assert left == []
+
+
+def test_a_stopped_rank_raises_collective_timeout_naming_it_then_resumes(straight, tmp_path):
+    timeout_s = 3.0
+    with wb.Workbench(2, timeout_s=timeout_s, telemetry=False) as bench:
+        _fresh(bench)
+        run = _train_until(bench, 7, tmp_path)
+        frozen = bench.pool.pids[1]
+        os.kill(frozen, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(wb.CollectiveTimeout) as info:
+            run.wait(timeout=30)
+        elapsed = time.monotonic() - t0
+        print(f"\nCollectiveTimeout after {elapsed:.2f} s (timeout {timeout_s} s): "
+              f"{str(info.value).splitlines()[0]}")
+        assert info.value.rank == 1 and "rank 1" in str(info.value)
+        assert timeout_s <= elapsed < timeout_s + 3
+        assert _wait_gone([frozen], 5) == [], "the stopped rank is ended, not left behind"
+        _resume(bench, tmp_path, straight)
+
+
+def test_user_code_raising_on_one_rank_gives_its_traceback_and_the_pool_recovers(bench, straight, tmp_path):
+    _fresh(bench)
+    bench.train(EVERY).wait()
+    with pytest.raises(wb.RemoteError) as info:
+        bench.pool.run(user_code_fails_on, 1, False)
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError"
+    assert "user_code_fails_on" in info.value.remote_traceback and "bad value on rank 1" in str(info.value)
+    assert not bench.pool.broken  # nobody was left waiting: the model is still there
+    assert [m.loss for m in bench.train(EVERY).wait()] == straight[EVERY:2 * EVERY]
+
+    bench.save(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(wb.RemoteError) as info:
+        bench.pool.run(user_code_fails_on, 1, True)  # rank 0 now waits in a barrier for rank 1
+    print(f"\nRemoteError with rank 0 left waiting: {time.monotonic() - t0:.2f} s; pool broken: {bench.pool.broken}")
+    assert info.value.rank == 1 and "left waiting" in str(info.value)
+    _resume(bench, tmp_path, straight)
+
+
+def test_out_of_memory_on_one_rank_skips_the_step_everywhere_and_frees_its_memory(bench):
+    _fresh(bench)
+    bench.train(3).wait()  # optimizer state exists: memory at its steady level
+    before_rss = bench.pool.run(rss_mb)
+    before = bench.pool.run(params_checksum)
+    bench.pool.run(arm, 1, "oom", 256)
+    [oom] = bench.train(1).wait()
+    after_rss = bench.pool.run(rss_mb)
+    assert oom.skipped and oom.skip_reason == "out of memory on a rank"
+    assert bench.history[-1] == oom  # what the notebook is shown
+    assert bench.pool.run(params_checksum) == before, "the update was skipped on every rank"
+    [nxt] = bench.train(1).wait()
+    assert not nxt.skipped and bench.pool.run(params_checksum) != before
+    assert bench.pool.run(counters) == [(5, 1), (5, 1)]
+    grew = [a - b for a, b in zip(after_rss, before_rss)]
+    print(f"\nOOM step skipped on every rank; RSS change on the ranks {grew[0]:+.1f} / {grew[1]:+.1f} MiB "
+          "(256 MiB were held when the OOM was raised)")
+    assert grew[1] < 64
+
+
+def test_fp16_overflow_on_one_rank_is_skipped_everywhere_counted_and_shown(bench):
+    _fresh(bench, CFG.replace(precision="fp16"))
+    bench.train(2).wait()
+    before = bench.pool.run(params_checksum)
+    scale = bench.history[-1].loss_scale
+    bench.pool.run(arm, 1, "inf")
+    [skipped] = bench.train(1).wait()
+    assert skipped.skipped and skipped.skip_reason == "fp16 gradient overflow"
+    assert bench.pool.run(params_checksum) == before, "the update was skipped on every rank"
+    [nxt] = bench.train(1).wait()
+    assert skipped.loss_scale == scale / 2 and not nxt.skipped
+    assert [m.skipped for m in bench.history] == [False, False, True, False]
+    assert bench.pool.run(counters) == [(4, 1), (4, 1)]
+    print(f"\nfp16 overflow: step {skipped.step} skipped on both ranks, scale {scale:g} → {skipped.loss_scale:g}")
+    assert before != bench.pool.run(params_checksum)  # the next step trained again
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_non_finite_loss_is_reported_and_never_written_into_the_weights(bench, precision):
+    _fresh(bench, CFG.replace(precision=precision))
+    bench.train(2).wait()
+    before = bench.pool.run(params_checksum)
+    bench.pool.run(arm, 1, "nan")
+    [bad] = bench.train(1).wait()
+    assert bad.skipped and bad.skip_reason == "non-finite loss" and bad.loss != bad.loss
+    assert bench.pool.run(params_checksum) == before, "nothing was written into the weights"
+    [nxt] = bench.train(1).wait()
+    assert not nxt.skipped and nxt.loss == nxt.loss
+    checksums = bench.pool.run(params_checksum)
+    assert all(c == c for c in checksums) and checksums[0] == checksums[1] and checksums != before
+    print(f"\n{precision}: NaN loss at step {bad.step} skipped on both ranks; weights finite and equal")
