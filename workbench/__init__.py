@@ -17,3 +17,10 @@ __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError"
            "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
            "Hardware"]
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext workbench`: the %%ranks cell magic (imported lazily: ranks never load IPython)."""
+    from workbench.ui.magics import load_ipython_extension as load
+
+    load(ipython)

@@ -19,6 +19,7 @@ from workbench import checkpoints
 from workbench.config import Config, ConfigError
 from workbench.pool import Handle, Pool
 from workbench.telemetry.events import StepMetrics
+from workbench.telemetry.store import TelemetryStore
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,13 @@ class Workbench:
         self.history: list[StepMetrics] = []
         """Rank 0's metrics of every step so far, across applies (the loss is the global batch's)."""
         self.layout_changes: list[LayoutChange] = []
+        self.store = TelemetryStore()
+        """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._lock = threading.Lock()
         self._run: Run | None = None
         self._run_ids = itertools.count(1)
         self._capabilities: dict[str, Any] | None = None
-        self._unsubscribe = self.pool.subscribe(self._on_event)
+        self._unsubscribers = [self.pool.subscribe(self._on_event), self.pool.subscribe(self.store.on_event)]
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -113,8 +116,10 @@ class Workbench:
             if not info["resharded"]:
                 self.history.clear()
                 self.layout_changes.clear()
+                self.store.clear()
             step = self.history[-1].step + 1 if self.history else 0
             self.layout_changes.append(LayoutChange(step, cfg))
+            self.store.add_layout_change(step, cfg)
             self.config = cfg
         return info
 
@@ -160,10 +165,34 @@ class Workbench:
         """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it)."""
         return checkpoints.load(self, path)
 
+    # -- see ---------------------------------------------------------------------------------------
+    def dashboard(self, refresh_s: float = 0.3):
+        """Controls and live plots in one widget: change the layout, train, watch what it does."""
+        from workbench.ui.dashboard import dashboard
+
+        return dashboard(self, refresh_s)
+
+    def report(self, path: str | Path = "run.html") -> Path:
+        """Write this session's plots and configs as one self-contained HTML file."""
+        from workbench.ui.report import report
+
+        return report(self, path)
+
+    def restart(self) -> None:
+        """Restart every rank (after a failure); the model is rebuilt in the current layout, untrained.
+
+        Load a checkpoint afterwards to continue where training was.
+        """
+        self.pool.restart()
+        self._capabilities = None
+        if self.config is not None:
+            self.apply(self.config, fresh=True)
+
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
         """End every rank (of a pool this Workbench started); the model on them is gone (save first to keep it)."""
-        self._unsubscribe()
+        for unsubscribe in self._unsubscribers:
+            unsubscribe()
         if self._owns_pool:
             self.pool.close()
 

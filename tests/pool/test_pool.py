@@ -124,3 +124,9 @@ def test_a_call_a_rank_cannot_unpickle_is_an_error_not_a_dead_rank(pool):
 
 def test_a_scatter_whose_list_only_the_root_holds_is_not_a_mismatch(pool):
     assert pool.run(rank_fns.scatter_from_zero) == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_thousands_of_commands_in_flight_all_complete_in_order(pool):
+    # More than zmq's default high-water mark (1000): a ROUTER would silently drop the rest, and hang.
+    handles = [pool.run_async(abs, -i) for i in range(2500)]
+    assert [h.result(timeout=120) for h in handles] == [[i, i] for i in range(2500)]

@@ -50,20 +50,20 @@ def test_forged_tampered_and_replayed_messages_are_dropped_and_the_pool_keeps_wo
 
     # forged: a payload that would run code, signed with the wrong key
     forger = protocol.Signer(protocol.new_key(), sender, session)
-    sock.send_multipart(forger.seal(_Boom()))
+    sock.send(forger.seal(_Boom()))
     # tampered: correctly signed, then one payload byte flipped
     legit = protocol.Signer(pool._key, sender, session, seq=10**9)
-    header, payload, mac = legit.seal({"type": "event", "event": "tampered"})
-    sock.send_multipart([header, payload[:-1] + bytes([payload[-1] ^ 1]), mac])
+    blob = legit.seal({"type": "event", "event": "tampered"})
+    sock.send(blob[:-1] + bytes([blob[-1] ^ 1]))
     # replayed: a correctly signed message with a sequence number already used by rank 0
     old = protocol.Signer(pool._key, sender, session, seq=0)
-    sock.send_multipart(old.seal({"type": "event", "event": "replayed"}))
+    sock.send(old.seal({"type": "event", "event": "replayed"}))
     # a valid signature but from another session (an earlier life of the pool)
     stale = protocol.Signer(pool._key, sender, "0" * 16, seq=10**9)
-    sock.send_multipart(stale.seal({"type": "event", "event": "stale"}))
-    # garbage frames
+    sock.send(stale.seal({"type": "event", "event": "stale"}))
+    # garbage
     sock.send_multipart([b"not", b"a message"])
-    sock.send_multipart([json.dumps({"v": 1}).encode(), b"x", b"y"])
+    sock.send(json.dumps({"v": 1}).encode())
 
     assert _wait_rejected(pool, before + 6) >= before + 6
     sock.close()
@@ -121,18 +121,23 @@ def test_the_key_file_is_readable_by_its_owner_only(pool, tmp_path):
 
 
 def test_protocol_rejects_before_unpickling():
-    key = protocol.new_key()
-    signer, verifier = protocol.Signer(key, "a", "s"), protocol.Verifier(key, "s")
-    frames = signer.seal({"x": 1})
-    assert verifier.open(frames) == ("a", {"x": 1})
+    import struct
+
     import pytest
 
+    key = protocol.new_key()
+    signer, verifier = protocol.Signer(key, "a", "s"), protocol.Verifier(key, "s")
+    blob = signer.seal({"x": 1})
+    assert verifier.open(blob) == ("a", {"x": 1})
     with pytest.raises(protocol.Rejected, match="replayed"):
-        verifier.open(frames)
+        verifier.open(blob)
     evil = protocol.Signer(protocol.new_key(), "a", "s", seq=5).seal(_Boom())
     with pytest.raises(protocol.Rejected, match="signature"):
         verifier.open(evil)
-    # moving bytes from the payload into the header must not keep the MAC valid
-    h, p, m = signer.seal("ab")
+    # claiming a longer header (moving payload bytes into it) must not keep the MAC valid
+    blob = signer.seal("ab")
+    version, header_len = struct.unpack_from("!BH", blob)
     with pytest.raises(protocol.Rejected):
-        verifier.open([h + p[:1], p[1:], m])
+        verifier.open(struct.pack("!BH", version, header_len + 1) + blob[3:])
+    with pytest.raises(protocol.Rejected, match="too short"):
+        verifier.open(blob[:10])

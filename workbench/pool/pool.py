@@ -162,7 +162,7 @@ class Pool:
         command = _Command(next(self._ids), set(range(self.world_size)))
         # The call travels as its own pickle inside the message, so a rank that cannot unpickle it (a module
         # it cannot import) answers with an error for this command instead of dying.
-        call = protocol.dumps((fn, args, kwargs))
+        call = protocol.dumps_code((fn, args, kwargs))
         self._transport.submit(command, {"type": "call", "id": command.id, "call": call})
         return Handle(command, self.world_size, self._transport)
 

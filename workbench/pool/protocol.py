@@ -1,7 +1,7 @@
 """Signed control messages between the notebook (the driver) and the ranks.
 
-Every message is three frames: a JSON header, a cloudpickle payload and an
-HMAC-SHA256 over both. The MAC is checked *before* the payload is unpickled,
+Every message is one frame: a JSON header, an HMAC-SHA256, and a pickled
+payload (cloudpickle where functions travel). The MAC is checked *before* the payload is unpickled,
 so a peer without the key can never make us deserialize anything. Replays are
 refused because each header carries the session id the driver handed out in
 its challenge and a sequence number that must strictly increase per sender.
@@ -34,34 +34,52 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-def dumps(obj: Any) -> bytes:
+def dumps_code(obj: Any) -> bytes:
     """cloudpickle, so functions and lambdas defined in a notebook cell travel by value."""
     return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _mac(key: bytes, header: bytes, payload: bytes) -> bytes:
-    # Length-prefix the header so bytes cannot be shifted between the two frames.
-    return hmac.new(key, struct.pack("!I", len(header)) + header + payload, hashlib.sha256).digest()
+def dumps(obj: Any) -> bytes:
+    """Plain pickle for data (several times faster), cloudpickle when it holds something only that can carry."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return dumps_code(obj)
+
+
+_PREFIX = struct.Struct("!BH")  # version, header length
+_MAC_BYTES = 32
+
+
+def _mac(key: bytes, signed: bytes | memoryview) -> bytes:
+    return hmac.new(key, signed, hashlib.sha256).digest()
 
 
 @dataclass
 class Signer:
-    """Signs what one sender sends in one session."""
+    """Signs what one sender sends in one session.
+
+    A message is one frame: version and header length, a JSON header (sender,
+    session, sequence number), the MAC, then the pickled payload. The MAC
+    covers everything but itself, the header length included, so no byte can
+    move between header and payload.
+    """
 
     key: bytes
     sender: str
     session: str = ""
     seq: int = 0
 
-    def seal(self, obj: Any) -> list[bytes]:
+    def seal(self, obj: Any) -> bytes:
         return self.seal_payload(dumps(obj))
 
-    def seal_payload(self, payload: bytes) -> list[bytes]:
-        """Sign an already pickled payload (one pickle, many recipients)."""
+    def seal_payload(self, payload: bytes) -> bytes:
+        """Sign an already pickled payload; the result can go to every recipient (one pickle, one MAC)."""
         self.seq += 1
-        header = json.dumps({"v": VERSION, "from": self.sender, "session": self.session, "seq": self.seq},
+        header = json.dumps({"from": self.sender, "session": self.session, "seq": self.seq},
                             separators=(",", ":")).encode()
-        return [header, payload, _mac(self.key, header, payload)]
+        head = _PREFIX.pack(VERSION, len(header)) + header
+        return head + _mac(self.key, head + payload) + payload
 
 
 @dataclass
@@ -72,20 +90,23 @@ class Verifier:
     session: str = ""
     last_seq: dict[str, int] = field(default_factory=dict)
 
-    def open(self, frames: list[bytes], *, adopt_session: bool = False) -> tuple[str, Any]:
+    def open(self, blob: bytes, *, adopt_session: bool = False) -> tuple[str, Any]:
         """Verify and unpickle; `adopt_session` takes the sender's session (a rank reading its challenge)."""
-        if len(frames) != 3:
-            raise Rejected(f"expected 3 frames, got {len(frames)}")
-        header, payload, mac = frames
-        if not hmac.compare_digest(mac, _mac(self.key, header, payload)):
+        if len(blob) < _PREFIX.size + _MAC_BYTES:
+            raise Rejected(f"too short ({len(blob)} bytes)")
+        version, header_len = _PREFIX.unpack_from(blob)
+        head_end = _PREFIX.size + header_len
+        if version != VERSION or len(blob) < head_end + _MAC_BYTES:
+            raise Rejected(f"not a version-{VERSION} workbench message")
+        view = memoryview(blob)
+        mac, payload = view[head_end:head_end + _MAC_BYTES], view[head_end + _MAC_BYTES:]
+        if not hmac.compare_digest(mac, _mac(self.key, bytes(view[:head_end]) + payload)):
             raise Rejected("bad signature")
         try:
-            meta = json.loads(header)
+            meta = json.loads(bytes(view[_PREFIX.size:head_end]))
             sender, session, seq = str(meta["from"]), str(meta["session"]), int(meta["seq"])
         except (ValueError, KeyError, TypeError) as e:
             raise Rejected(f"malformed header: {e}") from None
-        if meta.get("v") != VERSION:
-            raise Rejected(f"protocol version {meta.get('v')} != {VERSION}")
         if adopt_session:
             self.session, self.last_seq = session, {}
         elif session != self.session:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import pickle
 import secrets
 import subprocess
 import threading
@@ -108,6 +109,9 @@ class Transport:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
+        # No high-water mark: a ROUTER drops what exceeds it silently, and a dropped command is a hang.
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, 0)
         if endpoint.startswith("ipc://"):
             self.router.bind(endpoint)
             self.address = endpoint
@@ -216,10 +220,11 @@ class Transport:
                     command.done.wait(0.01)
             return True
         finally:
+            # No notify: waking the background thread here would make it contend for the GIL with this caller's
+            # next command; it looks again within 20 ms anyway.
             with self.turns:
                 self.waiters -= 1
                 self.last_caller_io = time.monotonic()
-                self.turns.notify_all()
 
     def owning(self):
         """Context manager: hold the socket (for close/restart), taking it from the background thread."""
@@ -285,18 +290,21 @@ class Transport:
         while self.outbox:
             with self.lock:
                 identities, payload = self.outbox.popleft()
+            blob = self.signer.seal_payload(payload)  # one MAC for all recipients: each checks its own sequence
             for ident in identities:
-                self.router.send_multipart([ident, *self.signer.seal_payload(payload)])
+                self.router.send_multipart([ident, blob], copy=False)
 
     def _send_now(self, ident: bytes, obj: Any) -> None:
-        self.router.send_multipart([ident, *self.signer.seal(obj)])
+        self.router.send_multipart([ident, self.signer.seal(obj)])
 
     def _receive(self, frames: list[bytes]) -> None:
         ident, body = frames[0], frames[1:]
         if body and body[0] == protocol.KNOCK:
             return self._answer_knock(ident, body)
         try:
-            sender, msg = self.verifier.open(body)
+            if len(body) != 1:
+                raise protocol.Rejected(f"expected one frame, got {len(body)}")
+            sender, msg = self.verifier.open(body[0])
             if sender.encode() != ident:
                 raise protocol.Rejected(f"signed by {sender} but sent from {ident!r}")
         except protocol.Rejected as e:
@@ -378,8 +386,12 @@ class Transport:
             return
         command.ranks.discard(link.rank)
         if msg["ok"]:
-            command.results[link.rank] = msg["value"]
-        else:
+            try:
+                command.results[link.rank] = pickle.loads(msg["value"])
+            except Exception as e:  # noqa: BLE001 - e.g. a class the notebook cannot import
+                msg = {"ok": False, "exc_type": type(e).__name__, "traceback": "",
+                       "message": f"the result reached the notebook but could not be unpickled here: {e}"}
+        if not msg["ok"]:
             command.errors[link.rank] = msg
             command.first_error_at = command.first_error_at or time.monotonic()
         if not command.ranks:

@@ -44,12 +44,14 @@ class _Link:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, sender.encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.SNDHWM, 0)  # queue, never drop: every command and result must arrive
+        self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.connect(address if address.startswith("ipc://") else f"tcp://{address}")
         self.signer = protocol.Signer(key, sender)
         self.verifier = protocol.Verifier(key)
 
     def send(self, obj: Any) -> None:
-        self.sock.send_multipart(self.signer.seal(obj))
+        self.sock.send(self.signer.seal(obj), copy=False)
 
     def recv(self, timeout_ms: int | None) -> Any | None:
         """The next authentic message, or None on timeout; forged ones are dropped."""
@@ -60,7 +62,9 @@ class _Link:
                 return None
             frames = self.sock.recv_multipart()
             try:
-                return self.verifier.open(frames)[1]
+                if len(frames) != 1:
+                    raise protocol.Rejected(f"expected one frame, got {len(frames)}")
+                return self.verifier.open(frames[0])[1]
             except protocol.Rejected as e:
                 print(f"workbench worker: dropped a control message ({e})", file=sys.__stderr__)
 
@@ -116,7 +120,10 @@ class Worker:
             if not self.main.sock.poll(250):
                 continue
             try:
-                _, welcome = self.main.verifier.open(self.main.sock.recv_multipart(), adopt_session=True)
+                frames = self.main.sock.recv_multipart()
+                if len(frames) != 1:
+                    raise protocol.Rejected(f"expected one frame, got {len(frames)}")
+                _, welcome = self.main.verifier.open(frames[0], adopt_session=True)
             except protocol.Rejected as e:
                 print(f"workbench worker: ignored a bad welcome ({e})", file=sys.__stderr__)
                 continue
@@ -221,18 +228,14 @@ class Worker:
             reply: dict[str, Any] = {"type": "result", "id": msg["id"]}
             try:
                 fn, args, kwargs = pickle.loads(msg["call"])
-                reply["value"] = fn(*args, **kwargs)
-                reply["ok"] = True
+                value = fn(*args, **kwargs)
+                # Its own pickle, so a value the notebook cannot unpickle fails this command, not the channel.
+                reply.update(ok=True, value=protocol.dumps(value))
             except BaseException as e:  # noqa: BLE001 - every failure must reach the notebook
                 reply.update(ok=False, exc_type=type(e).__name__, message=str(e), traceback=traceback.format_exc())
             sys.stdout.flush()
             sys.stderr.flush()
-            try:
-                self.main.send(reply)
-            except Exception as e:  # noqa: BLE001 - typically an unpicklable result
-                self.main.send({"type": "result", "id": msg["id"], "ok": False, "exc_type": type(e).__name__,
-                                "message": f"the result could not be sent back: {e}",
-                                "traceback": traceback.format_exc()})
+            self.main.send(reply)
 
     def serve(self) -> None:
         self.handshake()

@@ -233,7 +233,8 @@ class StepProbe(NullProbe):
 
     def _pipeline_action(self, kind: str, stage: int, microbatch: int, start_ns: int, end_ns: int) -> None:
         self.actions.append((stage, microbatch, kind, start_ns, end_ns))
-        self.spans.append(Interval("compute", f"{kind}{stage}.{microbatch}", start_ns, end_ns))
+        # Named as torch's schedules write actions ("1F0": stage 1, forward, micro-batch 0).
+        self.spans.append(Interval("compute", f"{stage}{kind}{microbatch}", start_ns, end_ns))
 
     # -- the trainer's calls ------------------------------------------------------------------------
     def span(self, name: str) -> contextlib.AbstractContextManager:

@@ -1,0 +1,180 @@
+"""The controls without a browser: inputs → Config, refusals explained inline, buttons that return at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import workbench as wb
+from tests.ui.fakes import FakePool
+from workbench.config import PRESETS, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, ConfigError
+from workbench.ui.controls import Controls
+
+
+@pytest.fixture
+def bench():
+    return wb.Workbench(pool=FakePool(world_size=2, step_s=0.02))
+
+
+def test_starts_from_a_valid_layout_that_fills_the_pool(bench):
+    c = Controls(bench)
+    assert c.config == wb.Config(dp=2) and c.error is None
+    assert not c.apply_button.disabled and "dp2" in c.message.value
+
+
+def test_every_input_maps_to_its_config_field(bench):
+    c = Controls(bench)
+    c.model.value = "small"
+    c.dp.value, c.pp.value = 1, 2
+    c.schedule.value = "interleaved_1f1b"
+    c.micro_batches.value = 4
+    c.stages_per_rank.value = 3
+    c.recompute.value = "full"
+    c.precision.value = "bf16"
+    c.batch_size.value = 8
+    c.seq_len.value = 64
+    c.lr.value = 1e-3
+    assert c.config == wb.Config(model=PRESETS["small"], pp=2, schedule="interleaved_1f1b", micro_batches=4,
+                                 stages_per_rank=3, activation_checkpointing="full", precision="bf16",
+                                 batch_size=8, seq_len=64, lr=1e-3)
+
+
+def test_set_config_shows_a_config_in_the_inputs(bench):
+    c = Controls(bench)
+    cfg = wb.Config(tp=2, zero=0, precision="bf16", seed=3, weight_decay=0.1,
+                    model=wb.ModelConfig(dim=64, n_layers=2, n_heads=2))
+    c.set_config(cfg)
+    assert c.config == cfg and c.model.value == "current (custom)"
+
+
+def _refusal(**values) -> str:
+    with pytest.raises(ConfigError) as e:
+        wb.Config(**values)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(pp=2, dp=1, micro_batches=1), "micro_batches"),   # 1F1B needs ≥ pp micro-batches
+    (dict(zero=1, dp=1, tp=2), "zero"),                     # ZeRO shards across dp ranks
+    (dict(batch_size=6, micro_batches=4), "batch_size"),
+    (dict(seq_len=4096), "seq_len"),
+])
+def test_refusals_are_the_configs_own_message(bench, changes, field):
+    c = Controls(bench)
+    with c.model.hold_trait_notifications():
+        for name, value in changes.items():
+            getattr(c, name).value = value
+    c.validate()
+    assert c.config is None and c.error == _refusal(**c.values()) and c.error.startswith(field)
+    assert c.apply_button.disabled and "✗" in c.message.value and field in c.message.value
+
+
+def test_a_layout_that_does_not_fill_the_pool_is_refused(bench):
+    c = Controls(bench)
+    c.tp.value = 2  # dp2·tp2 = 4 ranks on a pool of 2
+    assert c.config is None and c.error.startswith("dp·tp·pp") and "2 ranks" in c.error
+    assert c.apply_button.disabled
+
+
+def test_a_precision_the_device_lacks_is_refused(bench):
+    c = Controls(bench)  # the fake device has no fp16
+    c.precision.value = "fp16"
+    assert c.config is None and "fp16 is not supported" in c.error
+
+
+def test_a_refused_layout_never_reaches_the_ranks(bench):
+    c = Controls(bench)
+    c.tp.value = 2
+    assert c.apply() is None
+    c.apply_button.click()
+    assert bench.pool.applied == [] and bench.config is None
+
+
+def test_apply_runs_in_the_background_and_the_model_takes_the_layout(bench):
+    c = Controls(bench)
+    c.zero.value = 1
+    thread = c.apply()
+    assert thread is not None
+    c.wait(5)
+    assert bench.pool.applied == [wb.Config(dp=2, zero=1)] and bench.config == wb.Config(dp=2, zero=1)
+    assert "dp2·zero1" in c.status.value and "applied dp2·zero1" in c.status.value
+
+
+def test_train_returns_at_once_and_stop_ends_the_run(bench):
+    c = Controls(bench)
+    c.apply()
+    c.wait(5)
+    c.steps.value = 500  # 10 s at the fake's pace
+    start = time.monotonic()
+    c.train_button.click()
+    assert time.monotonic() - start < 0.5
+    assert bench.running is not None and "training 500 steps" in c.status.value
+    c.refresh_status()
+    assert c.train_button.disabled and c.apply_button.disabled and not c.stop_button.disabled
+    time.sleep(0.1)
+    c.stop_button.click()
+    c.wait(5)
+    assert bench.running is None and 0 < len(bench.history) < 500
+    assert not c.train_button.disabled and "trained run 1" in c.status.value
+
+
+def test_train_without_a_model_explains_why(bench):
+    c = Controls(bench)
+    c.train()
+    assert "apply" in c.message.value and c._activity is None
+
+
+def test_restart_restarts_the_pool_and_rebuilds_the_layout(bench):
+    c = Controls(bench)
+    c.apply()
+    c.wait(5)
+    applied = len(bench.pool.applied)
+    c.restart_button.click()
+    c.wait(5)
+    assert bench.pool.restarts == 1 and "rebuilt untrained" in c.status.value
+    assert len(bench.pool.applied) == applied + 1 and bench.pool.applied[-1] == bench.config
+
+
+def test_status_names_ranks_device_backend_health_and_layout(bench):
+    c = Controls(bench)
+    status = c.status.value
+    for part in ("2 ranks", "cpu", "gloo", "healthy", "no model yet"):
+        assert part in status
+    bench.pool.broken, bench.pool.broken_reason = True, "rank 1 died"
+    c.refresh_status()
+    assert "broken: rank 1 died" in c.status.value
+
+
+def test_the_explanation_follows_zero_schedule_and_recompute(bench):
+    c = Controls(bench)
+    c.zero.value = 3
+    assert ZERO_HELP[3] in c.explain.value and SCHEDULE_HELP["1f1b"] not in c.explain.value
+    c.dp.value, c.pp.value, c.zero.value, c.micro_batches.value = 1, 2, 0, 2
+    c.schedule.value = "gpipe"
+    c.recompute.value = "selective"
+    assert SCHEDULE_HELP["gpipe"] in c.explain.value and RECOMPUTE_HELP["selective"] in c.explain.value
+
+
+def test_pipeline_only_inputs_are_disabled_without_a_pipeline(bench):
+    c = Controls(bench)
+    assert c.schedule.disabled and c.stages_per_rank.disabled
+    c.dp.value, c.pp.value = 1, 2
+    assert not c.schedule.disabled and c.stages_per_rank.disabled
+    c.schedule.value = "interleaved_1f1b"
+    assert not c.stages_per_rank.disabled
+
+
+def test_a_new_model_shape_is_said_to_start_from_step_0(bench):
+    c = Controls(bench)
+    c.apply()
+    c.wait(5)
+    assert "applied dp2" in c.status.value and "new model" in c.status.value  # nothing trained yet: a new one
+    c.zero.value = 2
+    c.apply()
+    c.wait(5)
+    assert "applied dp2·zero2" in c.status.value and "new model" not in c.status.value  # resharded
+    c.model.value = "small"
+    c.apply()
+    c.wait(5)
+    assert "applied dp2·zero2 (a new model, from step 0)" in c.status.value

@@ -1,0 +1,109 @@
+"""The dashboard as one widget: buttons drive the Workbench, the plots follow what the ranks report."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import workbench as wb
+from tests.ui.fakes import FakePool
+from workbench.ui.dashboard import Dashboard, dashboard
+
+
+def _until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def bench():
+    return wb.Workbench(pool=FakePool(world_size=2, step_s=0.01))
+
+
+def test_apply_and_train_fill_the_plots(bench):
+    d = dashboard(bench)
+    try:
+        assert isinstance(d, Dashboard) and d.children[1] is d.controls.widget and d.children[2] is d.plots.widget
+        d.controls.apply_button.click()
+        d.controls.wait(5)
+        d.controls.steps.value = 20
+        d.controls.train_button.click()
+        d.controls.wait(10)
+        loss = d.plots.figures["loss"]
+        _until(lambda: loss.data[0].x is not None and len(loss.data[0].x) == 20)
+        assert [a.text for a in loss.layout.annotations] == ["dp2"]
+        _until(lambda: len(d.plots.figures["memory"].data[0].y) == 4)
+        _until(lambda: "20 steps trained" in d.controls.status.value)
+    finally:
+        d.close()
+
+
+def test_a_layout_applied_from_a_cell_is_marked_too(bench):
+    d = dashboard(bench)
+    try:
+        bench.apply(wb.Config(dp=2))
+        bench.train(3).wait()
+        bench.apply(wb.Config(tp=2))
+        bench.train(3).wait()
+        loss = d.plots.figures["loss"]
+        _until(lambda: [a.text for a in loss.layout.annotations] == ["dp2", "tp2"])
+        assert [s.x0 for s in loss.layout.shapes] == [-0.5, 2.5]
+    finally:
+        d.close()
+
+
+def test_a_new_dashboard_takes_over_the_live_updates(bench):
+    first = dashboard(bench)
+    second = dashboard(bench)
+    try:
+        _until(lambda: not first.ticker.alive, timeout=5)
+        assert second.ticker.alive and second.store is first.store
+    finally:
+        second.close()
+
+
+def test_a_fresh_model_starts_the_plots_afresh(bench):
+    d = dashboard(bench)
+    try:
+        bench.apply(wb.Config(dp=2))
+        bench.train(5).wait()
+        bench.apply(wb.Config(dp=2, model=wb.ModelConfig.preset("small")))  # a new shape: a new model at step 0
+        bench.train(2).wait()
+        loss = d.plots.figures["loss"]
+        _until(lambda: loss.data[0].x is not None and list(loss.data[0].x) == [0, 1])
+        assert [a.text for a in loss.layout.annotations] == ["dp2"] and len(loss.layout.shapes) == 1
+    finally:
+        d.close()
+
+
+def test_the_workbench_store_holds_every_rank_and_the_layout_changes(pool):
+    bench = wb.Workbench(pool=pool)
+    try:
+        bench.apply(wb.Config(dp=2), fresh=True)
+        bench.train(4).wait()
+        assert [m.step for m in bench.store.steps(0)] == [0, 1, 2, 3] == [m.step for m in bench.store.steps(1)]
+        assert [c.step for c in bench.store.layout_changes] == [0]
+    finally:
+        bench.close()
+
+
+def test_with_real_ranks(pool):
+    """Two CPU ranks: Apply and Train from the buttons, and the loss plot gains the steps they trained."""
+    bench = wb.Workbench(pool=pool)
+    d = dashboard(bench)
+    try:
+        d.controls.apply_button.click()
+        d.controls.wait(120)
+        assert d.controls.error is None and "applied dp2" in d.controls.status.value, d.controls.message.value
+        d.controls.steps.value = 3
+        d.controls.train_button.click()
+        d.controls.wait(120)
+        loss = d.plots.figures["loss"]
+        _until(lambda: loss.data[0].x is not None and len(loss.data[0].x) >= 3)
+        assert list(loss.data[0].y) == pytest.approx([m.loss for m in bench.history[-3:]])
+    finally:
+        d.close()

@@ -1,0 +1,69 @@
+"""A session as one self-contained HTML file: the plots of everything trained and each layout's Config."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from workbench.config import PRESETS, Config
+from workbench.telemetry.store import Snapshot
+from workbench.ui.plots import static_figures
+
+if TYPE_CHECKING:
+    from workbench.workbench import Workbench
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0 20px; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+th { background: #f5f5f5; }
+.plots { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 8px; }
+"""
+
+
+def _config_rows(cfg: Config) -> dict[str, str]:
+    row = {f.name: str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "model"}
+    preset = next((name for name, m in PRESETS.items() if m == cfg.model), None)
+    row["model"] = preset or ", ".join(f"{f.name}={getattr(cfg.model, f.name)}" for f in dataclasses.fields(cfg.model))
+    return row
+
+
+def _layout_table(snap: Snapshot) -> str:
+    if not snap.layout_changes:
+        return "<p>No layout was applied.</p>"
+    rows = [dict({"from step": str(c.step), "layout": c.layout}, **_config_rows(c.config)) for c in snap.layout_changes]
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _summary(bench: "Workbench", snap: Snapshot) -> str:
+    steps = snap.steps(0)
+    pool = bench.pool
+    facts = {"ranks": str(pool.world_size), "device": pool.device, "backend": pool.backend or "?",
+             "steps trained": str(len(steps))}
+    if steps:
+        facts["last loss"] = f"{steps[-1].loss:.4f} (step {steps[-1].step}, {steps[-1].layout})"
+    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                               for k, v in facts.items()) + "</table>"
+
+
+def report(bench: "Workbench", path: str | Path = "run.html", title: str = "workbench session") -> Path:
+    """Write `bench`'s plots and layouts to `path` (plotly's JavaScript embedded once); returns the path."""
+    snap = bench.store.snapshot()
+    figures = static_figures(snap, bench.pool.world_size)
+    plots = []
+    for i, fig in enumerate(figures.values()):
+        # The first figure carries plotly.js; the others reuse it, so the file holds it once.
+        plots.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%"))
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    document = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>written {stamp}</p>"
+                f"{_summary(bench, snap)}<h2>Layouts</h2>{_layout_table(snap)}"
+                f"<h2>Plots</h2><div class='plots'>{''.join(plots)}</div></body></html>")
+    path = Path(path)
+    path.write_text(document, encoding="utf-8")
+    return path
