@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 import threading
 import time
 import weakref
