@@ -93,3 +93,20 @@ def test_a_new_model_shape_starts_fresh(bench):
     small = BASE.replace(dp=2, model=wb.ModelConfig(dim=64, n_layers=2, n_heads=2))
     assert bench.apply(small)["resharded"] is False
     assert bench.train(1).wait()[0].step == 0 and len(bench.history) == 1
+
+
+def test_a_stop_request_outlives_neither_its_run_nor_its_workbench(pool):
+    # Flags live on the ranks, which outlive a Workbench: a later run must not read an old stop as its own.
+    first = wb.Workbench(pool=pool)
+    first.apply(BASE.replace(dp=2), fresh=True)
+    run = first.train(10_000)
+    while len(first.history) < 1:
+        time.sleep(0.05)
+    run.stop(timeout=60)
+    first.close()
+    second = wb.Workbench(pool=pool)
+    try:
+        second.apply(BASE.replace(dp=2), fresh=True)
+        assert len(second.train(3).wait()) == 3
+    finally:
+        second.close()

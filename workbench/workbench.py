@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-import itertools
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +33,7 @@ class LayoutChange:
 class Run:
     """Training running in the background on the ranks; the notebook stays free."""
 
-    def __init__(self, bench: "Workbench", handle: Handle, run_id: int, steps: int) -> None:
+    def __init__(self, bench: "Workbench", handle: Handle, run_id: str, steps: int) -> None:
         self._bench, self._handle, self.id, self.steps = bench, handle, run_id, steps
 
     @property
@@ -79,7 +79,6 @@ class Workbench:
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._lock = threading.Lock()
         self._run: Run | None = None
-        self._run_ids = itertools.count(1)
         self._capabilities: dict[str, Any] | None = None
         self._unsubscribers = [self.pool.subscribe(self._on_event), self.pool.subscribe(self.store.on_event)]
 
@@ -138,7 +137,8 @@ class Workbench:
         saves = checkpoints.schedule(save_every, save_to, keep)
         from workbench.engine import session
 
-        run_id = next(self._run_ids)
+        # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
+        run_id = secrets.token_hex(8)
         self._run = Run(self, self.pool.run_async(session.train, steps, run_id, saves), run_id, steps)
         return self._run
 

@@ -107,7 +107,7 @@ class FakePool:
             handle.finish([fn(*args, **kwargs)] * self.world_size)
         return handle
 
-    def _train(self, handle: FakeHandle, steps: int, run_id: int, *_more: Any) -> None:
+    def _train(self, handle: FakeHandle, steps: int, run_id: str, *_more: Any) -> None:
         done = []
         for _ in range(steps):
             time.sleep(self.step_s)

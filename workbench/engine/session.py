@@ -80,7 +80,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
             "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
 
 
-def train(steps: int, run_id: int, saves: SaveSchedule | None = None) -> list[StepMetrics]:
+def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[StepMetrics]:
     """Train `steps` steps, emitting each step's metrics; stop early, on every rank together, when asked."""
     session = _session()
     done: list[StepMetrics] = []
