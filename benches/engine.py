@@ -15,6 +15,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -56,9 +57,12 @@ PLAIN_LOOP = textwrap.dedent('''
 
 
 def plain_torchrun(steps: int) -> float:
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          "--master-addr=127.0.0.1", "--master-port=29519", "-c", PLAIN_LOOP, str(steps)],
-                         capture_output=True, text=True, check=True).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as script:
+        script.write(PLAIN_LOOP)
+        script.flush()
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                              "--master-addr=127.0.0.1", "--master-port=29519", script.name, str(steps)],
+                             capture_output=True, text=True, check=True).stdout
     return float(re.search(r"STEP_MEDIAN ([0-9.e-]+)", out).group(1))
 
 
