@@ -20,8 +20,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m workbench.doctor --build
 	touch $@
 
+# Jupyter refuses to run as root (containers, cloud machines) unless told; never listens beyond 127.0.0.1.
 lab: setup
-	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.open_browser=$${OPEN_BROWSER:-True} notebooks/00_quickstart.ipynb
+	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.open_browser=$${OPEN_BROWSER:-True} \
+		$$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/00_quickstart.ipynb
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

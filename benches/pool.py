@@ -126,12 +126,12 @@ def main() -> None:
     cold, rtts, first, warm = bench_pool(check_collectives=True)
     _, rtts_fast, _, warm_fast = bench_pool(check_collectives=False)
     a = median(warm)
-    print(f"pool round trip / pipe prototype:          {median(rtts) / median(pipe):.2f}×")
     print(f"pool start (2 ranks, cold):                 {cold:.2f} s")
     print(f"no-op round trip, bare pipe prototype:      median {median(pipe) * 1e3:.3f} ms, p95 {p95(pipe) * 1e3:.3f} ms")
     print(f"no-op round trip to all ranks (checked):     median {median(rtts) * 1e3:.3f} ms, p95 {p95(rtts) * 1e3:.3f} ms")
     print(f"no-op round trip (check_collectives=False): median {median(rtts_fast) * 1e3:.3f} ms, "
           f"p95 {p95(rtts_fast) * 1e3:.3f} ms")
+    print(f"pool round trip / bare pipes:               {median(rtts) / median(pipe):.2f}×")
     print(f"(a) pool, 10 DDP steps, model kept:          {a:.3f} s  (1.0×)   [first call incl. build: {first:.3f} s;"
           f" unchecked: {median(warm_fast):.3f} s]")
     print(f"(b) accelerate notebook_launcher per call:   {median(launcher):.3f} s  ({median(launcher) / a:.0f}×)")
