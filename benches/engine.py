@@ -37,7 +37,7 @@ PLAIN_LOOP = textwrap.dedent('''
     torch.set_num_threads(1)
     cfg, steps = Config(dp=2), int(sys.argv[1])
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = DDP(build_model(cfg.model, cfg.seed), broadcast_buffers=False)
+    model = DDP(build_model(cfg.model, cfg.seed), forward_sync_buffers=False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = TokenData.for_config(cfg)
     times = []

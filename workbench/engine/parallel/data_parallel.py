@@ -22,6 +22,7 @@ DTensors at all; `Config` refuses zero=1 with tp > 1.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Iterator
 
@@ -43,10 +44,15 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
         return _replicate_dtensor_model(model, dp_mesh)
     # process_group, not device_mesh: given a slice of a larger mesh, DDP applies its TP workaround.
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
-    # broadcast_buffers=False: the only buffer is the rotary table, identical everywhere by construction;
+    # No buffer sync: the only buffer is the rotary table, identical everywhere by construction, and
     # broadcasting it before every forward would add a collective per step that the timeline then shows.
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
-                                   broadcast_buffers=False)
+                                   **{_NO_BUFFER_SYNC: False})
+
+
+# torch 2.13 renamed broadcast_buffers (now deprecated, with a warning) to forward_sync_buffers.
+_NO_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in
+                   inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
 
 
 def _replicate_dtensor_model(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
