@@ -26,36 +26,39 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def _session_pool():
+def _start_pool(world_size: int):
     import workbench as wb
 
     # The recording backend, as a Workbench runs it: every collective of every test goes through it.
-    pool = wb.Pool(2, device="cpu", timeout_s=120, backend_setup="workbench.telemetry.comm:register")
-    yield pool
-    pool.close()
+    return wb.Pool(world_size, device="cpu", timeout_s=180, backend_setup="workbench.telemetry.comm:register")
+
+
+def _healthy(pool):
+    """A test that broke the pool (on purpose or not) must not break the next one."""
+    if pool.broken:
+        pool.restart()
+    return pool
+
+
+@pytest.fixture(scope="session")
+def _session_pool():
+    with _start_pool(2) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session")
+def _session_pool4():
+    with _start_pool(4) as pool:
+        yield pool
 
 
 @pytest.fixture
 def pool(_session_pool):
     """The shared 2-rank CPU pool, healthy at the start of every test."""
-    if _session_pool.broken:
-        _session_pool.restart()
-    yield _session_pool
-
-
-@pytest.fixture(scope="session")
-def _session_pool4():
-    import workbench as wb
-
-    pool = wb.Pool(4, device="cpu", timeout_s=180, backend_setup="workbench.telemetry.comm:register")
-    yield pool
-    pool.close()
+    return _healthy(_session_pool)
 
 
 @pytest.fixture
 def pool4(_session_pool4):
     """Four CPU ranks (dp×tp, dp×pp layouts), shared by the whole session, healthy at the start of every test."""
-    if _session_pool4.broken:
-        _session_pool4.restart()
-    yield _session_pool4
+    return _healthy(_session_pool4)
