@@ -190,11 +190,11 @@ class Controls:
         except Exception as e:  # noqa: BLE001 - shown inline, e.g. "no model yet: call bench.apply"
             self._end(token, failure=str(e))
             return None
-        self._set_activity(token, f"training {steps} steps (run {run.id}) …")
+        self._set_activity(token, f"training {steps} steps …")
 
         def wait() -> str:
-            run.wait()  # a rank's failure is raised here and shown inline
-            return f"trained run {run.id}"
+            done = run.wait()  # a rank's failure is raised here and shown inline
+            return f"trained {len(done)} of {steps} steps" + (" (stopped)" if len(done) < steps else "")
 
         return self._spawn(token, wait)
 
