@@ -28,8 +28,10 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+BENCHES := pool engine telemetry telemetry_native checkpoint
+
 bench: setup
-	for b in benches/*.py; do $(BIN)/python $$b || exit 1; done
+	for b in $(BENCHES); do $(BIN)/python benches/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
