@@ -34,8 +34,10 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 def _chromium() -> str:
     path = shutil.which("chromium")
     if path is None and shutil.which("apt-get") and os.geteuid() == 0:
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=600,
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        # A fresh machine's package lists may be missing or stale: refresh them once, then install.
+        for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+            subprocess.run(command, capture_output=True, timeout=600, env=env)
         path = shutil.which("chromium")
     if path is None:
         pytest.skip("no chromium, and it cannot be installed here (apt-get install chromium needs root and apt)")
