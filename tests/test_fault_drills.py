@@ -114,8 +114,7 @@ def _fresh(bench: wb.Workbench, cfg: Config = CFG) -> None:
     if bench.pool.broken:
         bench.pool.restart()
     bench.pool.run(drop_session)
-    bench.apply(cfg)
-    bench.history.clear()
+    bench.apply(cfg)  # a new model (the session was dropped): the store starts empty
 
 
 def _train_until(bench: wb.Workbench, at_least: int, directory: Path) -> wb.Run:
@@ -215,7 +214,6 @@ def test_soak_ten_kill_restart_resume_cycles_leave_no_process_behind(straight, t
             t0 = time.monotonic()
             step = _resume(bench, tmp_path, straight)
             times.append(time.monotonic() - t0)
-            bench.history.clear()
         pids.update(bench.pool.pids)
     left = _wait_gone(sorted(pids), 10)
     print(f"\n10 cycles: recovery median {sorted(times)[5]:.2f} s, max {max(times):.2f} s; reached step {step}; "

@@ -11,7 +11,8 @@ from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
-from workbench.workbench import LayoutChange, Run, Workbench
+from workbench.telemetry.store import LayoutChange
+from workbench.workbench import Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",

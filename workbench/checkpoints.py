@@ -254,13 +254,13 @@ def load(bench: Workbench, path: str | Path) -> dict[str, Any]:
                                   f"this Workbench has {bench.pool.world_size}: call bench.apply(cfg) with a layout "
                                   "for these ranks first, then load")
         bench.apply(saved)
-        with bench._lock:  # the layout took effect where the checkpoint resumes, not at step 0
-            bench.layout_changes[-1] = dataclasses.replace(bench.layout_changes[-1], step=manifest["next_step"])
+        # The layout took effect where the checkpoint resumes, not at step 0.
+        bench.store.clear()
+        bench.store.add_layout_change(manifest["next_step"], saved)
     from workbench.engine import checkpoint
 
     info = _remote(bench, checkpoint.load, str(checkpoint_dir), resume_state(manifest))
-    with bench._lock:  # the steps after the checkpoint will run again
-        bench.history[:] = [m for m in bench.history if m.step < manifest["next_step"]]
+    bench.store.truncate(manifest["next_step"])  # the steps after the checkpoint will run again
     return {"path": checkpoint_dir, "step": manifest["next_step"], "saved_layout": manifest["layout"], **info}
 
 

@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import secrets
-import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +17,7 @@ from workbench import checkpoints
 from workbench.config import Config, ConfigError
 from workbench.pool import Handle, Pool
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.store import TelemetryStore
-
-
-@dataclass(frozen=True)
-class LayoutChange:
-    """Where in the run a layout took effect: the loss plot marks these."""
-
-    step: int
-    config: Config
+from workbench.telemetry.store import LayoutChange, TelemetryStore
 
 
 class Run:
@@ -72,15 +62,11 @@ class Workbench:
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
         self.pool = pool
         self.config: Config | None = None
-        self.history: list[StepMetrics] = []
-        """Rank 0's metrics of every step so far, across applies (the loss is the global batch's)."""
-        self.layout_changes: list[LayoutChange] = []
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
-        self._lock = threading.Lock()
         self._run: Run | None = None
         self._capabilities: dict[str, Any] | None = None
-        self._unsubscribers = [self.pool.subscribe(self._on_event), self.pool.subscribe(self.store.on_event)]
+        self._unsubscribe = self.pool.subscribe(self.store.on_event)
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -111,16 +97,22 @@ class Workbench:
         from workbench.engine import session
 
         info = self.pool.run(session.apply, cfg, self.corpus, self.telemetry, fresh)[0]
-        with self._lock:
-            if not info["resharded"]:
-                self.history.clear()
-                self.layout_changes.clear()
-                self.store.clear()
-            step = self.history[-1].step + 1 if self.history else 0
-            self.layout_changes.append(LayoutChange(step, cfg))
-            self.store.add_layout_change(step, cfg)
-            self.config = cfg
+        if not info["resharded"]:
+            self.store.clear()  # a new model: its run starts at step 0
+        history = self.history
+        self.store.add_layout_change(history[-1].step + 1 if history else 0, cfg)
+        self.config = cfg
         return info
+
+    @property
+    def history(self) -> list[StepMetrics]:
+        """Rank 0's metrics of every step so far, across applies (the loss is the global batch's); a copy."""
+        return self.store.steps(0)
+
+    @property
+    def layout_changes(self) -> list[LayoutChange]:
+        """Where each layout took effect in the run."""
+        return self.store.layout_changes
 
     # -- train -----------------------------------------------------------------------------------
     def train(self, steps: int = 100, *, save_every: int | None = None, save_to: str | Path | None = None,
@@ -150,11 +142,6 @@ class Workbench:
     def _require_idle(self, what: str) -> None:
         if self.running is not None:
             raise RuntimeError(f"cannot {what} while a run is training: call run.stop() (or run.wait()) first")
-
-    def _on_event(self, rank: int, event: Any) -> None:
-        if rank == 0 and isinstance(event, StepMetrics):
-            with self._lock:
-                self.history.append(event)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, path: str | Path, *, keep: int | None = None) -> Path:
@@ -191,8 +178,7 @@ class Workbench:
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
         """End every rank (of a pool this Workbench started); the model on them is gone (save first to keep it)."""
-        for unsubscribe in self._unsubscribers:
-            unsubscribe()
+        self._unsubscribe()
         if self._owns_pool:
             self.pool.close()
 

@@ -6,7 +6,7 @@ import threading
 
 import workbench as wb
 from tests.ui.fakes import step_metrics
-from workbench.telemetry.store import LayoutMark, TelemetryStore
+from workbench.telemetry.store import LayoutChange, TelemetryStore
 
 
 def test_keeps_each_ranks_steps_in_step_order():
@@ -70,7 +70,7 @@ def test_subscribers_hear_every_change_until_they_unsubscribe():
     store.add_layout_change(1, wb.Config(dp=2))
     unsubscribe()
     store.add(0, step_metrics(0, 1))
-    assert heard[0] is m and isinstance(heard[1], LayoutMark) and len(heard) == 2
+    assert heard[0] is m and isinstance(heard[1], LayoutChange) and len(heard) == 2
 
 
 def test_a_failing_subscriber_does_not_stop_the_others():

@@ -25,8 +25,8 @@ log = logging.getLogger("workbench.telemetry")
 
 
 @dataclass(frozen=True, slots=True)
-class LayoutMark:
-    """The first step trained in `config`'s layout."""
+class LayoutChange:
+    """Where in the run a layout took effect (the first step trained in it): the loss plot marks these."""
 
     step: int
     config: Config
@@ -44,7 +44,7 @@ class Snapshot:
     """Grows with every change: a reader that saw this version has nothing new to draw."""
     by_rank: dict[int, tuple[StepMetrics, ...]]
     """Each rank's metrics in step order."""
-    layout_changes: tuple[LayoutMark, ...]
+    layout_changes: tuple[LayoutChange, ...]
 
     @property
     def ranks(self) -> list[int]:
@@ -91,7 +91,7 @@ class TelemetryStore:
         self._lock = threading.Lock()
         # Keyed by step: an event seen twice (a backfill racing the subscription) is stored once.
         self._by_rank: dict[int, dict[int, StepMetrics]] = {}
-        self._layouts: list[LayoutMark] = []
+        self._layouts: list[LayoutChange] = []
         self._version = 0
         self._subscribers: list[Callable[[Any], None]] = []
 
@@ -113,11 +113,20 @@ class TelemetryStore:
 
     def add_layout_change(self, step: int, config: Config) -> None:
         """Record that training from `step` on runs in `config`'s layout (Workbench.apply calls this)."""
-        mark = LayoutMark(step, config)
+        mark = LayoutChange(step, config)
         with self._lock:
             self._layouts.append(mark)
             self._version += 1
         self._notify(mark)
+
+    def truncate(self, step: int) -> None:
+        """Forget every rank's steps from `step` on (they will be trained again, e.g. after loading a checkpoint)."""
+        with self._lock:
+            for steps in self._by_rank.values():
+                for s in [s for s in steps if s >= step]:
+                    del steps[s]
+            self._version += 1
+        self._notify(None)
 
     def clear(self) -> None:
         with self._lock:
@@ -141,7 +150,7 @@ class TelemetryStore:
         return list(self.snapshot().steps(rank))
 
     @property
-    def layout_changes(self) -> list[LayoutMark]:
+    def layout_changes(self) -> list[LayoutChange]:
         with self._lock:
             return list(self._layouts)
 
@@ -152,7 +161,7 @@ class TelemetryStore:
 
     # -- subscribers -------------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
-        """Call callback(record) after each change (the new StepMetrics or LayoutMark, None on clear).
+        """Call callback(record) after each change (the new StepMetrics or LayoutChange, None on clear).
 
         It runs on the writer's thread (usually the pool's I/O thread): keep it short, e.g. set an Event.
         Returns a function that unsubscribes.
