@@ -278,8 +278,12 @@ class Transport:
             while self.wake_rx.poll(0):
                 self.wake_rx.recv()
         if self.router in events:
-            while self.router.poll(0):
-                self._receive(self.router.recv_multipart())
+            while True:  # drain without a poll per message
+                try:
+                    frames = self.router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._receive(frames)
         self._flush_outbox()
         now = time.monotonic()
         if now >= self.next_health:

@@ -57,10 +57,11 @@ class _Link:
         """The next authentic message, or None on timeout; forged ones are dropped."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while True:
-            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self.sock.poll(left):
-                return None
-            frames = self.sock.recv_multipart()
+            if deadline is not None:
+                left = max(0, int((deadline - time.monotonic()) * 1000))
+                if not self.sock.poll(left):
+                    return None
+            frames = self.sock.recv_multipart()  # without a deadline: block in recv itself, one call fewer
             try:
                 if len(frames) != 1:
                     raise protocol.Rejected(f"expected one frame, got {len(frames)}")
