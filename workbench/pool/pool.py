@@ -76,7 +76,7 @@ class Pool:
         self._subscribers: list = []
         self._ids = itertools.count(1)
         self._settings_base = {
-            "device": device, "backend": None, "heartbeat_s": HEARTBEAT_S, "orphan_timeout_s": heartbeat_timeout_s,
+            "device": device, "heartbeat_s": HEARTBEAT_S, "orphan_timeout_s": heartbeat_timeout_s,
             "pg_timeout_s": 2 * timeout_s + 30, "threads": threads_per_rank, "preload": list(preload),
             "check_collectives": check_collectives, "env": dict(env or {}), "backend_setup": backend_setup,
         }

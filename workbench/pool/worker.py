@@ -195,7 +195,7 @@ class Worker:
         if device == "cuda":
             torch.cuda.set_device(self.local_rank)
             device = f"cuda:{self.local_rank}"
-        backend = s["backend"] or ("nccl" if device.startswith("cuda") else "gloo")
+        backend = "nccl" if device.startswith("cuda") else "gloo"
         if s.get("backend_setup"):
             module, _, function = s["backend_setup"].partition(":")
             backend = getattr(importlib.import_module(module), function)()
