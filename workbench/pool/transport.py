@@ -296,7 +296,7 @@ class Transport:
                 identities, payload = self.outbox.popleft()
             blob = self.signer.seal_payload(payload)  # one MAC for all recipients: each checks its own sequence
             for ident in identities:
-                self.router.send_multipart([ident, blob], copy=False)
+                self.router.send_multipart([ident, blob])
 
     def _send_now(self, ident: bytes, obj: Any) -> None:
         self.router.send_multipart([ident, self.signer.seal(obj)])

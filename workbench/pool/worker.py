@@ -51,7 +51,7 @@ class _Link:
         self.verifier = protocol.Verifier(key)
 
     def send(self, obj: Any) -> None:
-        self.sock.send(self.signer.seal(obj), copy=False)
+        self.sock.send(self.signer.seal(obj))
 
     def recv(self, timeout_ms: int | None) -> Any | None:
         """The next authentic message, or None on timeout; forged ones are dropped."""
