@@ -7,6 +7,9 @@ import shlex
 import socket
 import stat
 import subprocess
+import time
+
+import pytest
 
 import workbench as wb
 from tests.pool import rank_fns
@@ -48,3 +51,28 @@ def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
             outputs.append(out)
     for node, out in zip(nodes, outputs):
         assert node.returncode == 0, out
+
+
+def test_a_remote_rank_that_dies_is_reported_at_once_not_at_the_heartbeat_timeout(tmp_path):
+    # A remote rank has no process the notebook can poll: its closed connection is the news.
+    key_file = tmp_path / "pool.key"
+    pool = wb.Pool(1, device="cpu", external=True, key_file=str(key_file), heartbeat_timeout_s=30)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), GLOO_SOCKET_IFNAME="lo",
+               OMP_NUM_THREADS="1")
+    rank = subprocess.Popen([os.sys.executable, "-m", "workbench.pool.worker", "--connect", pool.address,
+                             "--key-file", str(key_file), "--rank", "0", "--world-size", "1"], env=env)
+    try:
+        pool.wait_ready(90)
+        handle = pool.run_async(time.sleep, 60)
+        rank.kill()
+        killed_at = time.monotonic()
+        with pytest.raises(wb.WorkerDied) as died:
+            handle.result(timeout=30)
+        elapsed = time.monotonic() - killed_at
+        print(f"remote WorkerDied after {elapsed * 1e3:.0f} ms")
+        assert died.value.rank == 0 and "connection" in str(died.value)
+        assert elapsed < 2.0
+    finally:
+        pool.close()
+        rank.kill()
+        rank.wait(10)

@@ -127,6 +127,17 @@ def test_a_scatter_whose_list_only_the_root_holds_is_not_a_mismatch(pool):
 
 
 def test_thousands_of_commands_in_flight_all_complete_in_order(pool):
-    # More than zmq's default high-water mark (1000): a ROUTER would silently drop the rest, and hang.
+    # Far more than fit in a socket buffer at once: sends must queue, never block the notebook or drop a command.
     handles = [pool.run_async(abs, -i) for i in range(2500)]
     assert [h.result(timeout=120) for h in handles] == [[i, i] for i in range(2500)]
+
+
+def test_large_arguments_and_results_cross_intact(pool):
+    # Frames far larger than a socket buffer, both ways, while small commands queue behind them.
+    blob = bytes(range(256)) * (24 * 1024 * 4)  # 24 MiB
+    big = pool.run_async(rank_fns.echo_with_rank, blob)
+    small = pool.run_async(abs, -3)
+    results = big.result(timeout=120)
+    assert [r for r, _ in results] == [0, 1]
+    assert all(echoed == blob for _, echoed in results)
+    assert small.result(timeout=60) == [3, 3]

@@ -7,20 +7,29 @@ import os
 import stat
 
 import psutil
-import zmq
+import pytest
 
 import workbench as wb
-from workbench.pool import protocol
+from workbench.pool import protocol, wire
 from tests.pool import rank_fns
 
 
-def _intruder(pool):
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, b"intruder")
-    sock.connect(pool.address if pool.address.startswith("ipc://") else f"tcp://{pool.address}")
-    return sock
+class _Intruder:
+    """A process on this machine that connects to the pool's socket but does not hold the key."""
+
+    def __init__(self, pool):
+        self.sock = wire.connect(pool.address, timeout_s=5)
+        self.reader = wire.FrameReader(self.sock, max_frame=None)
+
+    def send(self, blob: bytes) -> None:
+        wire.send_all(self.sock, blob)
+
+    def answer(self, timeout_s: float):
+        """The next frame the pool sends us; None if none comes; EOFError if the pool hung up."""
+        return self.reader.next(timeout_s)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class _Boom:
@@ -43,7 +52,7 @@ def test_forged_tampered_and_replayed_messages_are_dropped_and_the_pool_keeps_wo
     if os.path.exists("/tmp/workbench-pwned"):
         os.remove("/tmp/workbench-pwned")
     before = pool.rejected_messages
-    sock = _intruder(pool)
+    sock = _Intruder(pool)
     session = pool._transport.session
     rank0 = pool._transport.ranks[0]
     sender = f"r0:{rank0.incarnation}:main"
@@ -62,23 +71,44 @@ def test_forged_tampered_and_replayed_messages_are_dropped_and_the_pool_keeps_wo
     stale = protocol.Signer(pool._key, sender, "0" * 16, seq=10**9)
     sock.send(stale.seal({"type": "event", "event": "stale"}))
     # garbage
-    sock.send_multipart([b"not", b"a message"])
+    sock.send(b"not a message")
     sock.send(json.dumps({"v": 1}).encode())
 
     assert _wait_rejected(pool, before + 6) >= before + 6
     sock.close()
+    # a connection that has not proved it holds the key may not make the notebook buffer a huge frame
+    hog = _Intruder(pool)
+    hog.sock.sendall(wire.PREFIX.pack(10**12) + b"x" * 100)
+    assert _wait_rejected(pool, before + 7) >= before + 7
+    with pytest.raises(EOFError):
+        hog.answer(5)
+    hog.close()
     assert not os.path.exists("/tmp/workbench-pwned")
     assert not pool.broken
     assert pool.run(rank_fns.all_reduce_sum, 1) == [2.0, 2.0]
 
 
 def test_an_intruder_knocking_without_the_key_cannot_join(pool):
-    sock = _intruder(pool)
-    sock.send_multipart([protocol.KNOCK, b"0", b"deadbeef", b"nonce"])
-    sock.send_multipart([protocol.KNOCK, b"7", b"deadbeef", b"nonce"])
-    assert sock.poll(500) == 0, "a knock from a wrong identity gets no answer"
+    before = pool.rejected_messages
+    out_of_range = _Intruder(pool)
+    out_of_range.send(protocol.KNOCK + b" 7 deadbeef nonce")
+    assert out_of_range.answer(0.5) is None, "a knock for a rank the pool does not have gets no answer"
+    out_of_range.close()
+
+    sock = _Intruder(pool)
+    sock.send(protocol.KNOCK + b" 0 deadbeef nonce")
+    welcome = sock.answer(5)
+    # The challenge is signed by the pool, and says nothing of how ranks start (no settings, no environment).
+    _, message = protocol.Verifier(pool._key).open(welcome, adopt_session=True)
+    assert set(message) == {"type", "nonce", "challenge"}
+    # Answering it needs the key: a hello signed with another key is dropped, and nothing joins.
+    forged = protocol.Signer(protocol.new_key(), "r0:deadbeef:main", pool._transport.session)
+    sock.send(forged.seal({"type": "hello", "challenge": message["challenge"], "pid": os.getpid(), "host": "x"}))
+    assert _wait_rejected(pool, before + 2) >= before + 2
+    assert sock.answer(0.5) is None, "no settings for a rank that did not prove it holds the key"
     sock.close()
     assert pool.run(rank_fns.whoami)[0][0] == 0
+    assert len(pool.pids) == pool.world_size
 
 
 def test_every_pool_process_listens_on_loopback_only(pool):
@@ -87,8 +117,8 @@ def test_every_pool_process_listens_on_loopback_only(pool):
         assert per_rank, "gloo listens for its peers"
         assert {ip for ip, _ in per_rank} <= loopback, per_rank
     # The notebook's end listens on a unix socket in the pool's private directory: no TCP port at all.
-    assert pool.address.startswith("ipc://")
-    path = pool.address.removeprefix("ipc://")
+    assert pool.address.startswith("unix://")
+    path = pool.address.removeprefix("unix://")
     assert stat.S_ISSOCK(os.stat(path).st_mode)
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     tcp_listeners = [c for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
@@ -141,3 +171,15 @@ def test_protocol_rejects_before_unpickling():
         verifier.open(struct.pack("!BH", version, header_len + 1) + blob[3:])
     with pytest.raises(protocol.Rejected, match="too short"):
         verifier.open(blob[:10])
+
+
+def test_idle_connections_cannot_lock_new_ranks_out(pool):
+    from workbench.pool.switchboard import MAX_STRANGERS
+
+    idle = [_Intruder(pool) for _ in range(MAX_STRANGERS + 5)]
+    latecomer = _Intruder(pool)
+    latecomer.send(protocol.KNOCK + b" 0 deadbeef nonce")
+    assert latecomer.answer(5) is not None, "the newest connection is still heard"
+    for sock in idle + [latecomer]:
+        sock.close()
+    assert pool.run(rank_fns.whoami)[0][0] == 0

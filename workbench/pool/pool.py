@@ -81,7 +81,7 @@ class Pool:
             "check_collectives": check_collectives, "env": dict(env or {}), "backend_setup": backend_setup,
         }
         # Local ranks reach the notebook through a unix socket in the private directory: no TCP port at all.
-        endpoint = f"tcp://{bind}:{port}" if external else f"ipc://{self._private_dir}/control.sock"
+        endpoint = f"tcp://{bind}:{port}" if external else f"unix://{self._private_dir}/control.sock"
         self._transport = Transport(self._key, endpoint, timeout_s, heartbeat_timeout_s,
                                     on_output or _default_output, self._subscribers)
         self._finalizer = weakref.finalize(self, _cleanup, self._transport, self._private_dir)

@@ -1,6 +1,6 @@
 """Signed control messages between the notebook (the driver) and the ranks.
 
-Every message is one frame: a JSON header, an HMAC-SHA256, and a pickled
+Every message is one frame: a short text header, an HMAC-SHA256, and a pickled
 payload (cloudpickle where functions travel). The MAC is checked *before* the payload is unpickled,
 so a peer without the key can never make us deserialize anything. Replays are
 refused because each header carries the session id the driver handed out in
@@ -9,9 +9,7 @@ its challenge and a sequence number that must strictly increase per sender.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import pickle
 import secrets
 import struct
@@ -21,7 +19,7 @@ from typing import Any
 import cloudpickle
 
 KEY_BYTES = 32
-VERSION = 1
+VERSION = 2
 KNOCK = b"workbench-knock"
 """The one unsigned frame: a rank asking for a challenge. It is never unpickled."""
 
@@ -52,15 +50,16 @@ _MAC_BYTES = 32
 
 
 def _mac(key: bytes, signed: bytes | memoryview) -> bytes:
-    return hmac.new(key, signed, hashlib.sha256).digest()
+    return hmac.digest(key, signed, "sha256")  # the one-shot C path: a third of hmac.new's cost
 
 
 @dataclass
 class Signer:
     """Signs what one sender sends in one session.
 
-    A message is one frame: version and header length, a JSON header (sender,
-    session, sequence number), the MAC, then the pickled payload. The MAC
+    A message is one frame: version and header length, a header (sequence
+    number, session and sender, ASCII, separated by spaces), the MAC, then
+    the pickled payload. The MAC
     covers everything but itself, the header length included, so no byte can
     move between header and payload.
     """
@@ -76,8 +75,7 @@ class Signer:
     def seal_payload(self, payload: bytes) -> bytes:
         """Sign an already pickled payload; the result can go to every recipient (one pickle, one MAC)."""
         self.seq += 1
-        header = json.dumps({"from": self.sender, "session": self.session, "seq": self.seq},
-                            separators=(",", ":")).encode()
+        header = f"{self.seq} {self.session} {self.sender}".encode()
         head = _PREFIX.pack(VERSION, len(header)) + header
         return head + _mac(self.key, head + payload) + payload
 
@@ -103,9 +101,9 @@ class Verifier:
         if not hmac.compare_digest(mac, _mac(self.key, bytes(view[:head_end]) + payload)):
             raise Rejected("bad signature")
         try:
-            meta = json.loads(bytes(view[_PREFIX.size:head_end]))
-            sender, session, seq = str(meta["from"]), str(meta["session"]), int(meta["seq"])
-        except (ValueError, KeyError, TypeError) as e:
+            seq_text, session, sender = bytes(view[_PREFIX.size:head_end]).decode("ascii").split(" ")
+            seq = int(seq_text)
+        except ValueError as e:  # UnicodeDecodeError is one too
             raise Rejected(f"malformed header: {e}") from None
         if adopt_session:
             self.session, self.last_seq = session, {}

@@ -1,14 +1,19 @@
-"""The notebook's end of the pool's control plane: one socket, the ranks' state, and who does the I/O.
+"""The notebook's end of the pool's control plane: its sockets, the ranks' state, and who does the I/O.
 
 Latency of a round trip to the ranks is dominated by thread handoffs, not by
 signing or pickling (~30 µs together). So there is no dedicated I/O thread
-that every message passes through: the socket is *owned* by whichever thread
-needs it. A caller waiting for its command's results takes the socket and
-polls it itself (no handoff); between commands a background thread takes it
-over to deliver events, heartbeats and health checks. Messages sent from other
-threads (flags, a Stop button) go to an outbox that the current owner flushes,
-woken through an in-process pipe. Session state is guarded by `lock`, held
-only briefly, never while polling.
+that every message passes through: the sockets are *owned* by whichever
+thread needs them. A caller waiting for its command's results takes them and
+polls them itself (no handoff); between commands a background thread takes
+them over to deliver events, heartbeats and health checks. Messages sent from
+other threads (flags, a Stop button) go to an outbox that the current owner
+flushes, woken through a socket pair. Session state is guarded by `lock`,
+held only briefly, never while polling.
+
+Each rank opens two connections (see worker.py). The first message on a
+connection that passes the MAC check binds it to its signer's name, and from
+then on only that signer may speak on it (switchboard.py keeps the
+connections; sends there never block).
 """
 
 from __future__ import annotations
@@ -23,10 +28,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import zmq
-
 from workbench.pool import protocol
 from workbench.pool.errors import CollectiveTimeout, PoolBroken, RemoteError, WorkerDied
+from workbench.pool.switchboard import Peer, Switchboard
 
 log = logging.getLogger("workbench.pool")
 
@@ -36,6 +40,8 @@ WAITING_CPU = 0.1
 """A rank using less than this fraction of a core is waiting, not working."""
 ERROR_GRACE_S = 1.0
 """After one rank fails, how long the others get to finish before we look at whether they wait on it."""
+DISCONNECT_GRACE_S = 0.5
+"""A local rank whose connection closed gets this long for its exit code to show before it is declared dead."""
 
 
 @dataclass
@@ -69,6 +75,7 @@ class _Rank:
     cpu: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
     outstanding: collections.deque = field(default_factory=collections.deque)
     stack: str | None = None
+    disconnected_at: float | None = None
 
     def cpu_rate(self, window_s: float = 1.0) -> float | None:
         """Cores used over about the last second, from heartbeat CPU stamps; None if too few stamps."""
@@ -100,37 +107,14 @@ class Handle:
 
 
 class Transport:
-    """One listening socket, the session's state, and the rule for who may touch the socket."""
+    """The switchboard, the session's state, and the rule for who may touch the sockets."""
 
     def __init__(self, key: bytes, endpoint: str, timeout_s: float, heartbeat_timeout_s: float,
                  on_output: Callable[[int, str, str], None], subscribers: list) -> None:
         self.key, self.timeout_s, self.heartbeat_timeout_s = key, timeout_s, heartbeat_timeout_s
         self.on_output, self.subscribers = on_output, subscribers
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        # No high-water mark: a ROUTER drops what exceeds it silently, and a dropped command is a hang.
-        self.router.setsockopt(zmq.SNDHWM, 0)
-        self.router.setsockopt(zmq.RCVHWM, 0)
-        if endpoint.startswith("ipc://"):
-            self.router.bind(endpoint)
-            self.address = endpoint
-        else:
-            host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-            if int(port):
-                self.router.bind(f"tcp://{host}:{port}")
-            else:
-                port = self.router.bind_to_random_port(f"tcp://{host}")
-            self.address = f"{host}:{port}"
-        wake_addr = f"inproc://wake-{secrets.token_hex(4)}"
-        self.wake_rx = self.ctx.socket(zmq.PAIR)
-        self.wake_rx.bind(wake_addr)
-        self.wake_tx = self.ctx.socket(zmq.PAIR)
-        self.wake_tx.connect(wake_addr)
-        self.wake_lock = threading.Lock()
-        self.poller = zmq.Poller()
-        self.poller.register(self.router, zmq.POLLIN)
-        self.poller.register(self.wake_rx, zmq.POLLIN)
+        self.board = Switchboard(endpoint)
+        self.address = self.board.address
         self.lock = threading.RLock()  # guards the session state below, briefly; never held while polling
         self.owner = threading.Lock()  # whoever holds it does the socket I/O (see the module docstring)
         self.turns = threading.Condition()
@@ -139,7 +123,7 @@ class Transport:
         self.polling = False
         self.next_health = 0.0
         self.outbox: collections.deque = collections.deque()
-        self.rejected = 0
+        self.rejected_messages = 0
         self.running = True
         self.new_session(world_size=0, settings={}, local_pids=None)
         self.thread = threading.Thread(target=self._background, name="workbench-pool-io", daemon=True)
@@ -170,9 +154,13 @@ class Transport:
         if self.polling:
             self._wake()
 
+    @property
+    def rejected(self) -> int:
+        """Messages dropped by the MAC or replay checks, and connections closed before they proved themselves."""
+        return self.rejected_messages + self.board.refused
+
     def _wake(self) -> None:
-        with self.wake_lock:
-            self.wake_tx.send(b"")
+        self.board.wake()
 
     def submit(self, command: _Command, message: dict) -> None:
         with self.lock:
@@ -259,9 +247,9 @@ class Transport:
             try:
                 if self.running:
                     self._serve(20)
-            except zmq.ContextTerminated:
-                return
             except Exception:  # noqa: BLE001 - the I/O must survive anything a message does
+                if not self.running:
+                    return
                 log.exception("workbench pool I/O error")
             finally:
                 self.owner.release()
@@ -271,19 +259,13 @@ class Transport:
         self._flush_outbox()
         self.polling = True
         try:
-            events = dict(self.poller.poll(timeout_ms))
+            frames, hung_up = self.board.poll(timeout_ms / 1000)
         finally:
             self.polling = False
-        if self.wake_rx in events:
-            while self.wake_rx.poll(0):
-                self.wake_rx.recv()
-        if self.router in events:
-            while True:  # drain without a poll per message
-                try:
-                    frames = self.router.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._receive(frames)
+        for peer, blob in frames:
+            self._receive(peer, blob)
+        if hung_up:
+            self._note_hang_ups(hung_up)
         self._flush_outbox()
         now = time.monotonic()
         if now >= self.next_health:
@@ -296,27 +278,35 @@ class Transport:
                 identities, payload = self.outbox.popleft()
             blob = self.signer.seal_payload(payload)  # one MAC for all recipients: each checks its own sequence
             for ident in identities:
-                self.router.send_multipart([ident, blob])
+                self.board.send(ident, blob)
 
     def _send_now(self, ident: bytes, obj: Any) -> None:
-        self.router.send_multipart([ident, self.signer.seal(obj)])
+        self.board.send(ident, self.signer.seal(obj))
 
-    def _receive(self, frames: list[bytes]) -> None:
-        ident, body = frames[0], frames[1:]
-        if body and body[0] == protocol.KNOCK:
-            return self._answer_knock(ident, body)
+    def _note_hang_ups(self, names: list[bytes]) -> None:
+        with self.lock:
+            for link in self.ranks.values():
+                if (link.main_id in names or link.io_id in names) and link.disconnected_at is None:
+                    link.disconnected_at = time.monotonic()
+
+    # -- messages -----------------------------------------------------------------------------------
+    def _receive(self, peer: Peer, blob: bytes) -> None:
+        if blob.startswith(protocol.KNOCK):
+            return self._answer_knock(peer, blob)
         try:
-            if len(body) != 1:
-                raise protocol.Rejected(f"expected one frame, got {len(body)}")
-            sender, msg = self.verifier.open(body[0])
-            if sender.encode() != ident:
-                raise protocol.Rejected(f"signed by {sender} but sent from {ident!r}")
-        except protocol.Rejected as e:
-            self.rejected += 1
-            log.warning("workbench pool dropped a message from %r: %s", ident[:40], e)
+            sender, msg = self.verifier.open(blob)
+            ident = sender.encode()
+            if peer.name is not None and peer.name != ident:
+                raise protocol.Rejected(f"signed by {sender} on the connection of {peer.name.decode()}")
+            rank_part, incarnation, role = sender.split(":")
+            rank = int(rank_part[1:])
+        except (protocol.Rejected, ValueError) as e:
+            self.rejected_messages += 1
+            log.warning("workbench pool dropped a message from %s: %s",
+                        peer.name.decode() if peer.name else "a new connection", e)
             return
-        rank_part, incarnation, role = sender.split(":")
-        rank = int(rank_part[1:])
+        if peer.name is None:
+            self.board.bind(peer, ident)
         with self.lock:
             if msg.get("type") == "hello":
                 return self._register(ident, rank, incarnation, msg)
@@ -327,33 +317,37 @@ class Transport:
                 link.io_id = ident
             self._dispatch(link, msg)
 
-    def _answer_knock(self, ident: bytes, body: list[bytes]) -> None:
+    def _answer_knock(self, peer: Peer, blob: bytes) -> None:
+        """A new rank asks for a challenge. The answer proves we hold the key; it carries nothing else."""
         try:
-            rank, incarnation, nonce = int(body[1]), body[2].decode(), body[3].decode()
-        except (IndexError, ValueError, UnicodeDecodeError):
-            self.rejected += 1
+            rank_text, incarnation, nonce = blob[len(protocol.KNOCK):].decode("ascii").split()
+            rank = int(rank_text)
+        except (ValueError, UnicodeDecodeError):
+            self.rejected_messages += 1
             return
+        ident = f"r{rank}:{incarnation}:main".encode()
         with self.lock:
-            if not 0 <= rank < self.world_size or ident != f"r{rank}:{incarnation}:main".encode():
-                self.rejected += 1
+            if not 0 <= rank < self.world_size or peer.name is not None:
+                self.rejected_messages += 1
                 return
             challenge = self.challenges.get(ident, (0, "", secrets.token_hex(16)))[2]
             self.challenges[ident] = (rank, incarnation, challenge)
-            self._send_now(ident, {"type": "welcome", "nonce": nonce, "challenge": challenge,
-                                   "settings": self.settings})
+            self.board.reply(peer, self.signer.seal({"type": "welcome", "nonce": nonce, "challenge": challenge}))
 
     def _register(self, ident: bytes, rank: int, incarnation: str, msg: dict) -> None:
         expected = self.challenges.pop(ident, None)
-        if expected is None or expected[2] != msg.get("challenge"):
-            self.rejected += 1
+        if expected is None or expected[2] != msg.get("challenge") or not ident.endswith(b":main"):
+            self.rejected_messages += 1
             log.warning("workbench pool: hello from %r without our challenge; dropped", ident)
             return
         proc = (self.local or {}).get(rank)
         if proc is not None and proc.pid != msg["pid"]:
-            self.rejected += 1
+            self.rejected_messages += 1
             log.warning("workbench pool: rank %d says pid %s but we started pid %s; dropped", rank, msg["pid"], proc.pid)
             return
         self.ranks[rank] = _Rank(rank, incarnation, ident, msg["pid"], msg["host"], proc=proc)
+        # Only now, to a rank that proved it holds the key: how to start (environment, store, threads).
+        self._send_now(ident, {"type": "settings", "settings": self.settings})
 
     def _dispatch(self, link: _Rank, msg: dict) -> None:
         kind, now = msg.get("type"), time.monotonic()
@@ -428,6 +422,9 @@ class Transport:
                 if code is not None:
                     return self.break_pool(WorkerDied(r, code))
             for link in list(self.ranks.values()):
+                gone = link.disconnected_at
+                if gone is not None and (link.proc is None or now - gone > DISCONNECT_GRACE_S):
+                    return self.break_pool(WorkerDied(link.rank, None, "its connection to the notebook closed"))
                 if link.proc is None and now - link.last_heartbeat > self.heartbeat_timeout_s:
                     return self.break_pool(WorkerDied(link.rank, None, f"no heartbeat for "
                                                                        f"{now - link.last_heartbeat:.1f} s"))
@@ -500,10 +497,7 @@ class Transport:
     def _stop_ranks(self, graceful: bool) -> None:
         for link in self.ranks.values():
             if link.io_id is not None:
-                try:
-                    self._send_now(link.io_id, {"type": "shutdown"})
-                except zmq.ZMQError:
-                    pass
+                self._send_now(link.io_id, {"type": "shutdown"})
         procs = list((self.local or {}).values())
         deadline = time.monotonic() + (2.0 if graceful else 0.0)
         for proc in procs:
@@ -527,6 +521,7 @@ class Transport:
                 for command in list(self.commands.values()):
                     self._finish(command, self.broken)
             self._stop_ranks(graceful=True)
+            self.board.hang_up_all()
 
     def close(self) -> None:
         if not self.running:
@@ -534,4 +529,5 @@ class Transport:
         self.stop_session("the pool was closed")
         self.running = False
         self.thread.join(2)
-        self.ctx.destroy(linger=0)
+        with self.owning():
+            self.board.close()

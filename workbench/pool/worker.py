@@ -6,13 +6,14 @@ torchrun/srun (rank and world size then come from the environment). It
 connects back to the notebook, proves it holds the key, initialises one
 torch.distributed world and keeps it until it exits.
 
-Two threads, each owning its own socket (zmq sockets are not thread-safe):
+Two threads, each with its own connection to the notebook:
 - the main thread runs commands one after another and sends their results,
   events and printed output, so all of them arrive in the order they happened;
 - the I/O thread sends heartbeats (with CPU time, so the notebook can tell a
   rank that waits from one that works), answers control messages while a
   command runs (flags, a stack dump, shutdown) and ends the process when the
-  notebook is gone, so no rank outlives its driver.
+  notebook is gone (its connection closes, its parent changes or it stops
+  answering), so no rank outlives its driver.
 """
 
 from __future__ import annotations
@@ -31,41 +32,35 @@ import time
 import traceback
 from typing import Any
 
-import zmq
-
-from workbench.pool import protocol, rank as rank_api
+from workbench.pool import protocol, rank as rank_api, wire
 from workbench.pool.launch import read_key_file
+
+CONNECT_TIMEOUT_S = 60.0
+"""How long a rank tries to reach (and be welcomed by) the notebook before it gives up."""
 
 
 class _Link:
-    """One socket to the driver, with its own signer and verifier."""
+    """One connection to the driver, with its own signer and verifier; used by one thread only."""
 
-    def __init__(self, ctx: zmq.Context, address: str, key: bytes, sender: str) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, sender.encode())
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.SNDHWM, 0)  # queue, never drop: every command and result must arrive
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.connect(address if address.startswith("ipc://") else f"tcp://{address}")
-        self.signer = protocol.Signer(key, sender)
-        self.verifier = protocol.Verifier(key)
+    def __init__(self, address: str, key: bytes, sender: str, session: str = "") -> None:
+        self.sock = wire.connect(address, CONNECT_TIMEOUT_S)
+        self.reader = wire.FrameReader(self.sock, max_frame=None)  # the notebook's frames can be large
+        self.signer = protocol.Signer(key, sender, session)
+        self.verifier = protocol.Verifier(key, session)
 
     def send(self, obj: Any) -> None:
-        self.sock.send(self.signer.seal(obj))
+        wire.send_all(self.sock, self.signer.seal(obj))
 
     def recv(self, timeout_ms: int | None) -> Any | None:
-        """The next authentic message, or None on timeout; forged ones are dropped."""
+        """The next authentic message, or None on timeout; forged ones are dropped. EOFError: the notebook is gone."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while True:
-            if deadline is not None:
-                left = max(0, int((deadline - time.monotonic()) * 1000))
-                if not self.sock.poll(left):
-                    return None
-            frames = self.sock.recv_multipart()  # without a deadline: block in recv itself, one call fewer
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            blob = self.reader.next(left)
+            if blob is None:
+                return None
             try:
-                if len(frames) != 1:
-                    raise protocol.Rejected(f"expected one frame, got {len(frames)}")
-                return self.verifier.open(frames[0])[1]
+                return self.verifier.open(blob)[1]
             except protocol.Rejected as e:
                 print(f"workbench worker: dropped a control message ({e})", file=sys.__stderr__)
 
@@ -101,9 +96,9 @@ class Worker:
         self.rank, self.world_size = rank, world_size
         self.local_rank, self.local_world_size, self.local = local_rank, local_world_size, local
         self.incarnation = secrets.token_hex(8)
-        self.ctx = zmq.Context()
-        self.main = _Link(self.ctx, address, key, f"r{rank}:{self.incarnation}:main")
-        self.io = _Link(self.ctx, address, key, f"r{rank}:{self.incarnation}:io")
+        self.address, self.key = address, key
+        self.main = _Link(address, key, f"r{rank}:{self.incarnation}:main")
+        self.io: _Link | None = None  # connected once the handshake has given us the session
         self.main_thread = threading.get_ident()
         self.parent_pid = os.getppid()
         self.other_output: queue.SimpleQueue = queue.SimpleQueue()
@@ -111,31 +106,38 @@ class Worker:
         self.settings: dict[str, Any] = {}
 
     # -- handshake -----------------------------------------------------------------------------
-    def handshake(self, timeout_s: float = 60.0) -> None:
-        """Knock until the driver answers with a challenge echoing our nonce, then say hello."""
+    def handshake(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Knock until the driver answers with a challenge echoing our nonce, say hello, receive the settings.
+
+        The welcome is signed, so it proves the driver holds the key; our hello
+        echoes its challenge, signed, which proves we do. Only then does the
+        driver tell us how to start.
+        """
         nonce = secrets.token_hex(16)
+        knock = protocol.KNOCK + f" {self.rank} {self.incarnation} {nonce}".encode()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.main.sock.send_multipart([protocol.KNOCK, str(self.rank).encode(), self.incarnation.encode(),
-                                           nonce.encode()])
-            if not self.main.sock.poll(250):
+            wire.send_all(self.main.sock, knock)
+            blob = self.main.reader.next(0.5)  # re-knock now and then: a driver between sessions drops knocks
+            if blob is None:
                 continue
             try:
-                frames = self.main.sock.recv_multipart()
-                if len(frames) != 1:
-                    raise protocol.Rejected(f"expected one frame, got {len(frames)}")
-                _, welcome = self.main.verifier.open(frames[0], adopt_session=True)
+                _, welcome = self.main.verifier.open(blob, adopt_session=True)
             except protocol.Rejected as e:
                 print(f"workbench worker: ignored a bad welcome ({e})", file=sys.__stderr__)
                 continue
             if welcome.get("type") != "welcome" or welcome.get("nonce") != nonce:
                 continue  # a stale or replayed welcome: keep knocking
-            self.io.verifier.session = self.main.verifier.session
-            self.main.signer.session = self.io.signer.session = self.main.verifier.session
-            self.settings = welcome["settings"]
+            self.main.signer.session = self.main.verifier.session
             self.main.send({"type": "hello", "challenge": welcome["challenge"], "rank": self.rank,
                             "world_size": self.world_size, "pid": os.getpid(), "host": socket.gethostname()})
-            return
+            while time.monotonic() < deadline:
+                msg = self.main.recv(timeout_ms=int(max(0.0, deadline - time.monotonic()) * 1000))
+                if msg is not None and msg.get("type") == "settings":
+                    self.settings = msg["settings"]
+                    self.io = _Link(self.address, self.key, f"r{self.rank}:{self.incarnation}:io",
+                                    self.main.verifier.session)
+                    return
         raise SystemExit(f"workbench worker rank {self.rank}: no answer from the driver at the given address")
 
     # -- output and messages -------------------------------------------------------------------
@@ -155,7 +157,10 @@ class Worker:
         orphan_after = self.settings["orphan_timeout_s"]
         next_beat = 0.0
         while True:
-            msg = self.io.recv(timeout_ms=int(interval * 250))
+            try:
+                msg = self.io.recv(timeout_ms=int(interval * 250))
+            except EOFError:
+                os._exit(3)  # the notebook is gone
             now = time.monotonic()
             if msg is not None:
                 self.last_driver_contact = now
@@ -221,7 +226,10 @@ class Worker:
 
     def command_loop(self) -> None:
         while True:
-            msg = self.main.recv(timeout_ms=None)
+            try:
+                msg = self.main.recv(timeout_ms=None)
+            except EOFError:
+                return  # the notebook is gone
             if msg["type"] == "shutdown":
                 return
             if msg["type"] != "call":
@@ -256,7 +264,7 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m workbench.pool.worker", description=__doc__.split("\n\n")[0])
-    p.add_argument("--connect", required=True, help="HOST:PORT of the notebook's pool (or ipc://PATH locally)")
+    p.add_argument("--connect", required=True, help="HOST:PORT of the notebook's pool (or unix://PATH locally)")
     p.add_argument("--key-file", required=True, help="file holding the pool's key (mode 0600)")
     p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun/srun)")
     p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE")

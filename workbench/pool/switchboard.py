@@ -1,0 +1,175 @@
+"""The notebook's sockets: a listener, one connection per rank thread, sends that never block.
+
+The switchboard knows nothing of messages, only of frames and of who each
+connection has proved to be: the transport tells it (`bind`) once a frame
+from a connection passed the MAC check, and from then on addresses that
+connection by name. Until then a connection is a stranger: it may send
+only small frames, and when too many strangers are connected the oldest is
+closed, so idle connections cannot lock real ranks out.
+
+Not thread-safe: only the thread that owns the transport's sockets calls
+it, except `wake`, which any thread may call.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import time
+from dataclasses import dataclass, field
+
+from workbench.pool import wire
+
+log = logging.getLogger("workbench.pool")
+
+MAX_STRANGERS = 64
+"""Connections that have not yet proved they hold the key; past this, the oldest of them is closed."""
+
+
+@dataclass(eq=False)
+class Peer:
+    """One connection: what it has sent so far, what waits to go out, and who it proved to be."""
+
+    sock: socket.socket
+    reader: wire.FrameReader
+    name: bytes | None = None
+    out: collections.deque = field(default_factory=collections.deque)
+    connected_at: float = field(default_factory=time.monotonic)
+
+
+class Switchboard:
+    def __init__(self, endpoint: str) -> None:
+        self.listener, self.address = wire.listen(endpoint)
+        self.wake_rx, self.wake_tx = socket.socketpair()
+        self.wake_rx.setblocking(False)
+        self.wake_tx.setblocking(False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self.selector.register(self.wake_rx, selectors.EVENT_READ, "wake")
+        self.peers: set[Peer] = set()
+        self.routes: dict[bytes, Peer] = {}
+        self.refused = 0  # connections closed for sending too much before proving themselves, or for crowding
+        self.hung_up: list[bytes] = []  # names whose connection closed since the last poll
+
+    def wake(self) -> None:
+        """Make a `poll` in another thread return now."""
+        try:
+            self.wake_tx.send(b"\0")
+        except OSError:
+            pass  # full: plenty of wake-ups are waiting already; closed: nobody to wake
+
+    def poll(self, timeout_s: float) -> tuple[list[tuple[Peer, bytes]], list[bytes]]:
+        """Wait up to `timeout_s` for I/O and do it: the frames received (in order), the names that hung up."""
+        frames: list[tuple[Peer, bytes]] = []
+        for key, mask in self.selector.select(timeout_s):
+            if key.data == "wake":
+                try:
+                    while self.wake_rx.recv(4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif key.data == "listen":
+                self._accept()
+            else:
+                peer = key.data
+                if mask & selectors.EVENT_WRITE:
+                    self._push(peer)
+                if mask & selectors.EVENT_READ and peer in self.peers:
+                    self._read(peer, frames)
+        closed, self.hung_up = self.hung_up, []
+        return frames, closed
+
+    def bind(self, peer: Peer, name: bytes) -> None:
+        """`peer` proved it holds the key and signs as `name`: route to it, and let it send frames of any size."""
+        peer.name, peer.reader.max_frame = name, None
+        self.routes[name] = peer
+
+    def send(self, name: bytes, blob: bytes) -> None:
+        """To the connection bound to `name`; dropped if there is none (a gone rank is noticed elsewhere)."""
+        peer = self.routes.get(name)
+        if peer is not None:
+            self.reply(peer, blob)
+
+    def reply(self, peer: Peer, blob: bytes) -> None:
+        """Send what the socket takes now; the rest waits for it to be writable (never block the owner)."""
+        data = wire.frame(blob)
+        if not peer.out:
+            try:
+                sent = peer.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return self._drop(peer)
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self.selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+        peer.out.append(memoryview(data))
+
+    def hang_up_all(self) -> None:
+        for peer in list(self.peers):
+            self._drop(peer)
+        self.hung_up.clear()
+
+    def close(self) -> None:
+        self.hang_up_all()
+        self.selector.close()
+        for sock in (self.listener, self.wake_rx, self.wake_tx):
+            sock.close()
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. out of file descriptors: keep serving the ranks we have
+                log.warning("workbench pool: could not accept a connection: %s", e)
+                return
+            strangers = [p for p in self.peers if p.name is None]
+            if len(strangers) >= MAX_STRANGERS:
+                self.refused += 1
+                self._drop(min(strangers, key=lambda p: p.connected_at))
+            sock.setblocking(False)
+            wire.tune(sock)
+            peer = Peer(sock, wire.FrameReader(sock))
+            self.peers.add(peer)
+            self.selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _push(self, peer: Peer) -> None:
+        while peer.out:
+            try:
+                sent = peer.sock.send(peer.out[0])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return self._drop(peer)
+            if sent == len(peer.out[0]):
+                peer.out.popleft()
+            else:
+                peer.out[0] = peer.out[0][sent:]
+        self.selector.modify(peer.sock, selectors.EVENT_READ, peer)
+
+    def _read(self, peer: Peer, frames: list) -> None:
+        try:
+            frames.extend((peer, blob) for blob in peer.reader.available())
+        except wire.FrameTooLarge as e:
+            self.refused += 1
+            log.warning("workbench pool: closed a connection that had not proved it holds the key: %s", e)
+            self._drop(peer)
+            return
+        if peer.reader.closed:
+            self._drop(peer)
+
+    def _drop(self, peer: Peer) -> None:
+        if peer not in self.peers:
+            return
+        self.peers.discard(peer)
+        self.selector.unregister(peer.sock)
+        peer.sock.close()
+        if peer.name is not None and self.routes.get(peer.name) is peer:
+            del self.routes[peer.name]
+            self.hung_up.append(peer.name)
