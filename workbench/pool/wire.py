@@ -50,7 +50,8 @@ def listen(endpoint: str) -> tuple[socket.socket, str]:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
-        address = f"{host}:{sock.getsockname()[1]}"
+        port = sock.getsockname()[1]
+        address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
     sock.listen(128)
     sock.setblocking(False)
     return sock, address
