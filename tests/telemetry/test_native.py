@@ -583,3 +583,22 @@ def test_composes_with_distributed_debug_detail(world):
         assert d["recorded"] == [("all_reduce", 32)]  # the wrapper's own checks are not recorded
         assert d["mismatch_error"] is not None and "mismatch" in d["mismatch_error"].lower()
         assert d["error_after_s"] < 5
+
+
+def test_stale_cached_builds_are_pruned_by_last_use_and_kept_ones_survive(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    root = tmp_path / "extensions"
+    month_ago = time.time() - 31 * 86400
+    folders = {name: root / name for name in ("telemetry-old", "cuda-old", "telemetry-recent", "telemetry-current")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+        (folder / "lib.so").write_bytes(b"x")
+    for name in ("telemetry-old", "cuda-old", "telemetry-current"):
+        os.utime(folders[name], (month_ago, month_ago))
+
+    removed = native.prune_stale_builds(keep=[folders["telemetry-current"]])
+
+    assert sorted(p.name for p in removed) == ["cuda-old", "telemetry-old"]
+    assert sorted(p.name for p in root.iterdir()) == ["telemetry-current", "telemetry-recent"]
+    native.mark_used(folders["telemetry-current"])  # what loading does: an old build in use is young again
+    assert native.prune_stale_builds(keep=[]) == []

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 from workbench.telemetry.events import Interval, IntervalKind
-from workbench.telemetry.native import NativeBuildError, cache_root
+from workbench.telemetry.native import NativeBuildError, cache_root, mark_used
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "cuda"
 ABI_VERSION = 1
@@ -103,6 +103,7 @@ def load() -> ctypes.CDLL:
                 raise NativeBuildError(f"stale CUDA telemetry library at {library_path()}: delete it")
             _declare(lib)
             _lib = lib
+            mark_used(library_path().parent)
         return _lib
 
 

@@ -34,6 +34,8 @@ from workbench.telemetry.events import Interval, IntervalKind
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "telemetry"
 _CFLAGS = ["-O2"]  # torch adds its own -std (C++20 for 2.13); never override it
+STALE_AFTER_DAYS = 30
+"""A cached build no process has loaded for this long is removed by the next `--build`."""
 
 
 class NativeBuildError(RuntimeError):
@@ -84,6 +86,32 @@ def extension_path() -> Path:
 
 def is_built() -> bool:
     return extension_path().is_file()
+
+
+def mark_used(folder: Path) -> None:
+    """Stamp a build folder as loaded now: its modification time is what pruning reads."""
+    with contextlib.suppress(OSError):
+        os.utime(folder)
+
+
+def prune_stale_builds(keep: Iterable[Path], max_age_days: float = STALE_AFTER_DAYS) -> list[Path]:
+    """Remove cached builds not loaded for `max_age_days` (every source version leaves one); never those in `keep`.
+
+    Other checkouts share the cache, so a build is judged by when it was last
+    used, not by whether it is this checkout's.
+    """
+    keep = {Path(k).resolve() for k in keep}
+    cutoff = time.time() - max_age_days * 86400
+    removed = []
+    for folder in sorted((cache_root() / "extensions").glob("*-*")):
+        try:
+            if folder.resolve() in keep or not folder.is_dir() or folder.stat().st_mtime >= cutoff:
+                continue
+            shutil.rmtree(folder)
+        except OSError:
+            continue  # in use or not ours to remove: leave it
+        removed.append(folder)
+    return removed
 
 
 def build(verbose: bool = False) -> Path:
@@ -148,6 +176,7 @@ def load() -> ModuleType:
                     f"{path.parent} and rebuild with `python -m workbench.telemetry.native --build`"
                 ) from e
             _module = module
+            mark_used(path.parent)
         return _module
 
 
@@ -245,7 +274,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         took = time.perf_counter() - t0
         print(f"{'built' if cold else 'already built'}: {path} ({took:.1f} s)")
-        return _build_cuda(args.verbose)
+        code = _build_cuda(args.verbose)
+        if code == 0:
+            from workbench.telemetry import cuda
+
+            stale = prune_stale_builds(keep=[build_dir(), cuda.library_path().parent])
+            if stale:
+                print(f"removed {len(stale)} cached build(s) unused for {STALE_AFTER_DAYS} days: "
+                      + ", ".join(p.name for p in stale))
+        return code
     return 0
 
 
