@@ -65,8 +65,9 @@ class Workbench:
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._run: Run | None = None
-        self._capabilities: dict[str, Any] | None = None
         self._unsubscribe = self.pool.subscribe(self.store.on_event)
+        # Asked now, while the ranks are idle: later a run may hold them, and checking a config must not wait on it.
+        self._capabilities = self._ask_capabilities()
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -79,12 +80,13 @@ class Workbench:
 
     @property
     def capabilities(self) -> dict[str, Any]:
-        """What the ranks' device supports (asked once)."""
-        if self._capabilities is None:
-            from workbench.engine import session
-
-            self._capabilities = self.pool.run(session.capabilities)[0]
+        """What the ranks' device supports (asked when the ranks start)."""
         return self._capabilities
+
+    def _ask_capabilities(self) -> dict[str, Any]:
+        from workbench.engine import session
+
+        return self.pool.run(session.capabilities)[0]
 
     def apply(self, cfg: Config, *, fresh: bool = False) -> dict[str, Any]:
         """Build the model in `cfg`'s layout, or reshard the trained one into it; training state carries over.
@@ -171,7 +173,7 @@ class Workbench:
         Load a checkpoint afterwards to continue where training was.
         """
         self.pool.restart()
-        self._capabilities = None
+        self._capabilities = self._ask_capabilities()
         if self.config is not None:
             self.apply(self.config, fresh=True)
 

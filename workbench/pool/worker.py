@@ -113,6 +113,12 @@ class Worker:
         echoes its challenge, signed, which proves we do. Only then does the
         driver tell us how to start.
         """
+        try:
+            self._handshake(timeout_s)
+        except (EOFError, OSError) as e:
+            raise SystemExit(f"workbench worker rank {self.rank}: the notebook hung up during the handshake ({e})")
+
+    def _handshake(self, timeout_s: float) -> None:
         nonce = secrets.token_hex(16)
         knock = protocol.KNOCK + f" {self.rank} {self.incarnation} {nonce}".encode()
         deadline = time.monotonic() + timeout_s
@@ -153,14 +159,18 @@ class Worker:
 
     # -- I/O thread ----------------------------------------------------------------------------
     def io_loop(self) -> None:
+        try:
+            self._serve_io()
+        except (EOFError, OSError):
+            pass  # the notebook closed our connection, or it broke: the notebook is gone
+        os._exit(3)
+
+    def _serve_io(self) -> None:
         interval = self.settings["heartbeat_s"]
         orphan_after = self.settings["orphan_timeout_s"]
         next_beat = 0.0
         while True:
-            try:
-                msg = self.io.recv(timeout_ms=int(interval * 250))
-            except EOFError:
-                os._exit(3)  # the notebook is gone
+            msg = self.io.recv(timeout_ms=int(interval * 250))
             now = time.monotonic()
             if msg is not None:
                 self.last_driver_contact = now
@@ -172,7 +182,7 @@ class Worker:
                 next_beat = now + interval
             # The driver is gone: our parent changed (local ranks) or it stopped answering.
             if (self.local and os.getppid() != self.parent_pid) or now - self.last_driver_contact > orphan_after:
-                os._exit(3)
+                return
 
     def handle_control(self, msg: dict) -> None:
         kind = msg.get("type")
