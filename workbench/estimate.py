@@ -16,6 +16,7 @@ from typing import Literal
 
 from workbench.config import Config, ModelConfig
 from workbench.hardware import Hardware, profile, si
+from workbench.telemetry.analysis import bus_factor
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"]
 Axis = Literal["dp", "tp", "pp"]
@@ -39,12 +40,13 @@ ASSUMPTIONS = (
     "activations are the tensors autograd saves for backward, term by term as torch's CPU kernels save them for "
     "this model (a fused GPU RMSNorm may save less); under autocast each in-flight micro-batch also holds the "
     "2-byte copies of the weights it used",
-    "checkpointed blocks keep only their input; one block's activations are rebuilt at a time in backward",
+    "checkpointed blocks keep only their input; the one block backward rebuilds at a time is a transient, counted "
+    "under other with the logits: activations are what forward leaves saved, as the telemetry measures them",
     "peak memory is the sum of every category, with no credit for freeing before the peak",
     "model FLOPs count attention over the full seq² square (causal masking not halved), like PaLM's MFU and "
     "torch's FlopCounterMode; recomputation is executed but not model FLOPs",
-    "every collective runs at the profile's link bandwidth with ring algorithms, no latency term; ranks are in one "
-    "NVLink domain",
+    "every collective's bus bandwidth (as nccl-tests defines it) is the profile's link bandwidth, no latency term; "
+    "ranks are in one NVLink domain",
     "gradient syncs hide behind the backward they follow, FSDP all-gathers behind the rest of the compute; "
     "tensor-parallel collectives, pipeline sends and ZeRO-1's parameter broadcast are exposed",
 )
@@ -81,9 +83,11 @@ class Memory:
     """Copies made for communication: DDP's gradient buckets; FSDP2's gathered parameters (all of them under ZeRO-2,
     the units in flight under ZeRO-3) and full gradients before their reduce-scatter."""
     activations: int
-    """Tensors saved for backward by the micro-batches in flight, plus one recomputed block under checkpointing."""
+    """Tensors the forward graph saves for backward, for the micro-batches in flight: the telemetry's activations,
+    whose peak is the end of forward (parameters, and views of them, are counted as parameters)."""
     other: int
-    """The loss's working set: logits (and their fp32 copy under autocast) while the loss is computed."""
+    """Transient working sets: the loss's logits (and their fp32 copy under autocast); under checkpointing, the
+    one block that backward rebuilds at a time (saved by the recomputation, not by forward)."""
 
     @property
     def total(self) -> int:
@@ -100,12 +104,13 @@ class Collective:
     calls: int
     """Calls per step."""
     bytes: int
-    """Payload per step: the input size of each call (as the telemetry records it), summed."""
+    """Payload per step: each call's size as nccl-tests counts it, summed; the figure the telemetry records for
+    the same calls (`Interval.bytes` defines it: all-gather's output, reduce-scatter's input)."""
     wire_bytes: int
-    """Bytes this rank sends per step with ring algorithms: 2(n-1)/n of the data for all-reduce, (n-1)/n for
-    all-gather, reduce-scatter and broadcast, all of it for a send."""
+    """Bytes per step on this rank's busiest link: bytes times nccl-tests' bus factor (`analysis.bus_factor`:
+    2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast and a send)."""
     time_s: float
-    """wire_bytes at the link bandwidth."""
+    """wire_bytes at the link bandwidth: the time of a collective whose measured busbw is the link's."""
     exposed_s: float
     """The part of time_s no computation hides."""
 
@@ -191,7 +196,7 @@ class Estimate:
         return self.model_flops / self.step_time_s / peak
 
     def comm_bytes(self) -> dict[str, int]:
-        """Bytes one rank sends per step on the critical stage, by collective kind."""
+        """wire_bytes per step on the critical stage, by collective kind."""
         totals: dict[str, int] = {}
         for c in self.comm:
             totals[c.kind] = totals.get(c.kind, 0) + c.wire_bytes
@@ -368,10 +373,11 @@ class _StagePlan:
             buffers = gathered + grads_before_sync
         block = self.block_activations()
         kept = (len(self.layers) - self.checkpointed) * block + self.checkpointed * self._checkpoint_input()
-        recompute = block if self.checkpointed else 0
-        activations = round(self.in_flight() * (kept + self.edge_activations())) + recompute
+        activations = round(self.in_flight() * (kept + self.edge_activations()))
         # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
         other = self.tokens * m.vocab_size * (6 if self.autocast else 4) if self.last else 0
+        if self.checkpointed:
+            other += block
         return Memory(
             parameters=_ceil_div(params, dp if zero == 3 else 1),
             gradients=_ceil_div(params, dp if zero >= 2 else 1),
@@ -397,12 +403,12 @@ class _StagePlan:
 
     def _collective(self, hw: Hardware, axis: Axis, kind: CollectiveKind, what: str, calls: int, payload: float,
                     group: int, hidden_by: float = 0.0) -> Collective:
-        """One collective summed over a step; `payload` is the full data each call moves (before any split)."""
-        share = (group - 1) / group
-        wire = {"all_reduce": 2 * share, "send_recv": 1.0}.get(kind, share) * payload * calls
-        inputs = payload / group if kind == "all_gather" else payload
+        """One collective summed over a step; `payload` is each call's size: the whole gathered or reduced data."""
+        nbytes = payload * calls
+        # send_recv counts this rank's sends; links are full duplex, so what it receives takes nothing from them.
+        wire = nbytes * bus_factor("send" if kind == "send_recv" else kind, group)
         time_s = wire / hw.link_bw
-        return Collective(axis=axis, kind=kind, what=what, calls=calls, bytes=round(inputs * calls),
+        return Collective(axis=axis, kind=kind, what=what, calls=calls, bytes=round(nbytes),
                           wire_bytes=round(wire), time_s=time_s, exposed_s=max(0.0, time_s - hidden_by))
 
     def _dp_comm(self, hw: Hardware, step_compute_s: float, backward_mb_s: float) -> list[Collective]:

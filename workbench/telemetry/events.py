@@ -25,7 +25,9 @@ class Interval:
     end_ns: int
     bytes: int = 0
     """Payload of a collective in bytes as nccl-tests counts its size S: the whole buffer, i.e. the
-    output of all_gather, the input of reduce_scatter and all_to_all, the one tensor otherwise; 0 for compute."""
+    output of all_gather, the input of reduce_scatter and all_to_all, the one tensor otherwise; 0 for compute.
+    `wb.estimate` predicts the same figure (`Collective.bytes`), and S times `analysis.bus_factor` as the
+    bytes on a rank's link (`Collective.wire_bytes`)."""
     group_size: int = 1
     """Ranks taking part in the collective; 1 for compute."""
     stream: str = "main"

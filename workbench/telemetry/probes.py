@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -88,17 +88,23 @@ def process_bytes(device: torch.device) -> int:
 
 
 class ActivationMeter:
-    """Bytes autograd holds for backward, live: counted when saved, released when the graph frees them.
+    """Bytes the forward graph saves for backward, live: counted when saved, released when the graph frees them.
 
-    Parameters are excluded: only what the micro-batches in flight add. A
-    storage saved by several ops counts once. Under activation checkpointing
-    the checkpoint's own hooks take precedence inside checkpointed regions, so
-    what they discard is never counted — exactly the memory recompute saves.
+    Only what the micro-batches in flight add: a saved parameter, or a view of
+    one (linear saves its weight transposed), and a saved view of a module
+    buffer (`buffers`: the rotary table) share memory the model holds anyway.
+    A storage saved by several ops counts once. Under activation checkpointing
+    the checkpoint's own hooks take precedence inside checkpointed regions: what
+    they discard is never counted (exactly the memory recompute saves), and
+    neither is the block backward rebuilds from it, a transient of backward like
+    the gradients in flight. So the peak is the end of the forward that leaves
+    the most saved, the moment `wb.estimate`'s `activations` describes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, buffers: Iterable[torch.Tensor] = ()) -> None:
         self.live = self.peak = 0
         self._refs: dict[int, list[int]] = {}  # storage pointer -> [references, bytes]
+        self._ignored = {_local(b).untyped_storage().data_ptr() for b in buffers}
 
     def reset_peak(self) -> None:
         self.peak = self.live
@@ -109,8 +115,10 @@ class ActivationMeter:
             yield
 
     def _pack(self, t: torch.Tensor) -> Any:
-        # A saved leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain), not an activation.
-        if t.is_leaf and t.requires_grad:
+        # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain), not an activation;
+        # a view's memory is its base's.
+        base = t if t._base is None else t._base
+        if base.is_leaf and base.requires_grad:
             return t
         local = _local(t)
         try:
@@ -118,7 +126,7 @@ class ActivationMeter:
             ptr, nbytes = storage.data_ptr(), storage.nbytes()
         except RuntimeError:  # a wrapper subclass (e.g. an async collective's result) owns no storage itself
             ptr, nbytes = id(local), local.numel() * local.element_size()
-        if not nbytes:
+        if not nbytes or ptr in self._ignored:
             return t
         ref = self._refs.get(ptr)
         if ref is None:
@@ -199,7 +207,7 @@ class StepProbe(NullProbe):
                                "build the trainer with telemetry=False")
         self.native, self.trainer, self.device = native, trainer, trainer.device
         cfg = trainer.cfg
-        self.meter = ActivationMeter()
+        self.meter = ActivationMeter(buffers=[b for module in trainer.modules for b in module.buffers()])
         # Model FLOPs of one step on this rank: the whole step's, shared by every rank.
         self.flops = flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step / dist_world_size()
         self.peak_flops, self.peak_source = peak_flops_for(self.device, cfg.precision)
