@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from workbench.config import Config, ModelConfig
+from workbench.engine.parallel.schedule_grid import rank_orders
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
@@ -42,6 +43,11 @@ ASSUMPTIONS = (
     "2-byte copies of the weights it used",
     "checkpointed blocks keep only their input; the one block backward rebuilds at a time is a transient, counted "
     "under other with the logits: activations are what forward leaves saved, as the telemetry measures them",
+    "a pipeline rank holds the micro-batches its schedule has run forward and not yet backward, in the order torch "
+    "runs that rank's actions, and peaks at the end of the forward that leaves most saved; each stage's input and "
+    "its output's gradient arrive in receive buffers torch allocates once per micro-batch and keeps between steps, "
+    "counted under buffers (the input its first block saves is not counted again); not counted: the stage output "
+    "(on the last stage the logits) that torch keeps for each micro-batch until its backward",
     "peak memory is the sum of every category, with no credit for freeing before the peak",
     "model FLOPs count attention over the full seq² square (causal masking not halved), like PaLM's MFU and "
     "torch's FlopCounterMode; recomputation is executed but not model FLOPs",
@@ -81,10 +87,12 @@ class Memory:
     """AdamW's two fp32 moments (÷dp under ZeRO-1, 2 and 3)."""
     buffers: int
     """Copies made for communication: DDP's gradient buckets; FSDP2's gathered parameters (all of them under ZeRO-2,
-    the units in flight under ZeRO-3) and full gradients before their reduce-scatter."""
+    the units in flight under ZeRO-3) and full gradients before their reduce-scatter; a pipeline stage's receive
+    buffers, one per micro-batch for its input and one for its output's gradient."""
     activations: int
     """Tensors the forward graph saves for backward, for the micro-batches in flight: the telemetry's activations,
-    whose peak is the end of forward (parameters, and views of them, are counted as parameters)."""
+    whose peak is the end of a forward (parameters, and views of them, are counted as parameters; a pipeline stage's
+    input as the buffer it was received into)."""
     other: int
     """Transient working sets: the loss's logits (and their fp32 copy under autocast); under checkpointing, the
     one block that backward rebuilds at a time (saved by the recomputation, not by forward)."""
@@ -286,6 +294,9 @@ class _StagePlan:
         self.cfg, self.rank, self.layers = cfg, rank, layers
         self.first, self.last = self.rank == 0, self.rank == cfg.pp - 1
         self.chunks = _chunks(cfg)
+        # Global indices of the pipeline stages this rank holds (loop placement), and of the model's last one.
+        self.stages = tuple(c * cfg.pp + rank for c in range(self.chunks))
+        self.last_stage = cfg.pp * self.chunks - 1
         self.autocast = cfg.precision in ("bf16", "fp16")
         self.act_bytes = 2 if self.autocast else 4
         block_full, head_full = _matmul_params(m)
@@ -299,12 +310,7 @@ class _StagePlan:
         # Parameter tensors: 7 matrices and 2 norm weights per block; embedding; final norm and head.
         self.tensors = 9 * len(layers) + self.first + 2 * self.last
         self.tokens = cfg.micro_batch_size * cfg.seq_len
-        if cfg.activation_checkpointing == "full":
-            self.checkpointed = len(layers)
-        elif cfg.activation_checkpointing == "selective":
-            self.checkpointed = sum(1 for i in layers if i % 2 == 0)
-        else:
-            self.checkpointed = 0
+        self.checkpointed = self._checkpointed(layers)
         attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
         block_train = 3 * (2 * block_full + attn_fwd)
         recompute = 2 * block_full + attn_fwd
@@ -330,29 +336,46 @@ class _StagePlan:
         casts = 2 * self.block_matmul if self.autocast else 0
         return round(self.tokens * (sharded / tp + gathered)) + casts
 
-    def edge_activations(self) -> int:
+    def edge_activations(self, first: bool, last: bool) -> int:
         """Bytes saved outside the blocks: token ids (first stage); final norm, head input, log-probs (last)."""
         m, tp = self.cfg.model, self.cfg.tp
-        saved = 8 * self.tokens if self.first else 0
-        if self.last:
+        saved = 8 * self.tokens if first else 0
+        if last:
             head_input = 2 * m.dim if self.autocast else 4 * m.dim
             # log_softmax keeps its fp32 output over the whole (gathered) vocabulary, plus the int64 targets.
             per_token = (8 * m.dim + 4) / tp + head_input + 4 * m.vocab_size + 8
             saved += round(self.tokens * per_token) + (2 * self.head if self.autocast else 0)
         return saved
 
-    def in_flight(self) -> float:
-        """Micro-batches whose activations this rank holds at its peak, as the schedule orders forwards/backwards."""
-        cfg = self.cfg
+    def stage_activations(self) -> dict[int, int]:
+        """Bytes one micro-batch leaves saved in each pipeline stage this rank holds, by global stage index.
+
+        A stage after the first saves its input where it arrived: torch's receive buffer for that micro-batch, which
+        is held between steps whatever is in flight and counted under buffers, so the first block's figure is
+        taken without it.
+        """
+        block, per_chunk = self.block_activations(), len(self.layers) // self.chunks
+        saved = {}
+        for c, stage in enumerate(self.stages):
+            layers = self.layers[c * per_chunk:(c + 1) * per_chunk]
+            checkpointed = self._checkpointed(layers)
+            kept = (len(layers) - checkpointed) * block + checkpointed * self._residual()
+            received = self._residual() if stage > 0 else 0
+            saved[stage] = kept + self.edge_activations(stage == 0, stage == self.last_stage) - received
+        return saved
+
+    def peak_activations(self) -> int:
+        """The most bytes saved at once, walking this rank's actions in the schedule's order: a forward adds its
+        stage's micro-batch, a backward frees one. Interleaved stages save different amounts, so which forward
+        ends at the peak depends on the order, not only on how many micro-batches are in flight."""
+        cfg, saved = self.cfg, self.stage_activations()
         if cfg.pp == 1:
-            return 1
-        if cfg.schedule == "gpipe":
-            return cfg.micro_batches
-        if cfg.schedule == "1f1b":
-            return min(cfg.micro_batches, cfg.pp - self.rank)
-        # torch's ScheduleInterleaved1F1B warms up (v-1)·pp + 2·(pp-1-rank) chunk-forwards before its first backward.
-        warmup = (self.chunks - 1) * cfg.pp + 2 * (cfg.pp - 1 - self.rank)
-        return min(warmup + 1, cfg.micro_batches * self.chunks) / self.chunks
+            return saved[0]  # gradient accumulation backpropagates each micro-batch before the next forward
+        live = peak = 0
+        for action in rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, self.chunks)[self.rank]:
+            live += saved[action.stage] if action.kind == "F" else -saved[action.stage]
+            peak = max(peak, live)
+        return peak
 
     def memory(self) -> Memory:
         cfg, m = self.cfg, self.cfg.model
@@ -371,24 +394,34 @@ class _StagePlan:
                 # The root stays gathered from forward to backward; blocks are gathered one ahead of use.
                 gathered = 4 * (self.root + min(2, len(self.layers)) * self.block_params)
             buffers = gathered + grads_before_sync
-        block = self.block_activations()
-        kept = (len(self.layers) - self.checkpointed) * block + self.checkpointed * self._checkpoint_input()
-        activations = round(self.in_flight() * (kept + self.edge_activations()))
+        if cfg.pp > 1:
+            # torch allocates, once, a receive buffer per micro-batch for each stage's input (but the first stage's)
+            # and for the gradient of its output (but the last's), and keeps them between steps.
+            receivers = sum(s > 0 for s in self.stages) + sum(s < self.last_stage for s in self.stages)
+            buffers += receivers * cfg.micro_batches * self._residual()
         # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
         other = self.tokens * m.vocab_size * (6 if self.autocast else 4) if self.last else 0
         if self.checkpointed:
-            other += block
+            other += self.block_activations()
         return Memory(
             parameters=_ceil_div(params, dp if zero == 3 else 1),
             gradients=_ceil_div(params, dp if zero >= 2 else 1),
             optimizer=_ceil_div(2 * params, dp if zero >= 1 else 1),
             buffers=buffers,
-            activations=activations,
+            activations=self.peak_activations(),
             other=other,
         )
 
-    def _checkpoint_input(self) -> int:
-        # A checkpointed block keeps only its input: the fp32 residual stream, sequence-sharded under tp.
+    def _checkpointed(self, layers: tuple[int, ...]) -> int:
+        """How many of `layers` recompute their activations ('selective': those of even global index)."""
+        mode = self.cfg.activation_checkpointing
+        if mode == "selective":
+            return sum(i % 2 == 0 for i in layers)
+        return len(layers) if mode == "full" else 0
+
+    def _residual(self) -> int:
+        """One micro-batch's fp32 residual stream, sequence-sharded under tp: what a checkpointed block keeps, and
+        what a pipeline stage receives and sends."""
         return _ceil_div(4 * self.tokens * self.cfg.model.dim, self.cfg.tp)
 
     # --- communication ----------------------------------------------------------------------------------------
@@ -481,10 +514,7 @@ class _StagePlan:
         cfg = self.cfg
         if cfg.pp == 1:
             return []
-        last_stage = cfg.pp * self.chunks - 1
-        stages = [c * cfg.pp + self.rank for c in range(self.chunks)]
         # Forward sends the fp32 residual stream on (sequence-sharded under tp); backward sends its gradient back.
-        sends = sum(s != last_stage for s in stages) + sum(s != 0 for s in stages)
-        payload = 4 * self.tokens * cfg.model.dim / cfg.tp
+        sends = sum(s != self.last_stage for s in self.stages) + sum(s != 0 for s in self.stages)
         return [self._collective(hw, "pp", "send_recv", "activations and their gradients",
-                                 sends * cfg.micro_batches, payload, 2)]
+                                 sends * cfg.micro_batches, self._residual(), 2)]

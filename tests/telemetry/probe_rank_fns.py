@@ -32,6 +32,11 @@ def train_and_measure(cfg: Config, steps: int = 2) -> dict:
             opt_state += sum(_local(v).nbytes for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
     full = sum(p.numel() * 4 for p in __import__("workbench.engine.model", fromlist=["x"]).build_model(
         cfg.model, cfg.seed).parameters())
+    # The buffers torch's pipeline stages receive activations and gradients into (private in torch 2.13).
+    receive = 0
+    for stage in trainer.pipeline.stages if trainer.pipeline else ():
+        infos = [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]
+        receive += sum(i.buffer.nbytes for mb in infos for i in mb if not i.is_root_arg and i.buffer is not None)
     return {
         "memory": m.memory, "peak": m.peak_memory, "independent_params": params, "independent_optimizer": opt_state,
         "full_params": full, "flops": m.flops, "mfu": m.mfu, "basis": m.mfu_basis,
@@ -39,4 +44,5 @@ def train_and_measure(cfg: Config, steps: int = 2) -> dict:
         "compute": [iv.name for iv in m.intervals if iv.kind == "compute"],
         "comm_time_s": m.comm_time_s, "exposed_comm_s": m.exposed_comm_s, "overlap": m.overlap,
         "step_time_s": m.step_time_s, "world": dist.get_world_size(), "actions": m.pipeline_actions,
+        "receive_buffers": receive, "pp_rank": trainer.pipeline.pp_rank if trainer.pipeline else 0,
     }

@@ -92,7 +92,9 @@ class ActivationMeter:
 
     Only what the micro-batches in flight add: a saved parameter, or a view of
     one (linear saves its weight transposed), and a saved view of a module
-    buffer (`buffers`: the rotary table) share memory the model holds anyway.
+    buffer (`buffers`: the rotary table) share memory the model holds anyway;
+    so does a pipeline stage's input, received into a buffer torch allocates
+    per micro-batch once and keeps between steps.
     A storage saved by several ops counts once. Under activation checkpointing
     the checkpoint's own hooks take precedence inside checkpointed regions: what
     they discard is never counted (exactly the memory recompute saves), and
@@ -115,11 +117,17 @@ class ActivationMeter:
             yield
 
     def _pack(self, t: torch.Tensor) -> Any:
-        # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain), not an activation;
-        # a view's memory is its base's.
-        base = t if t._base is None else t._base
-        if base.is_leaf and base.requires_grad:
+        # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain) or a pipeline stage's
+        # receive buffer, not an activation; a view's memory is its base's. Tensor parallel wraps a received input
+        # in a DTensor that is no leaf, so the local tensor is looked at too.
+        if _leaf_requiring_grad(t) or _leaf_requiring_grad(_local(t)):
             return t
+        # Hold a detached alias, never the tensor itself: an op's own output (rsqrt's, attention's) carries that
+        # op's grad_fn, which owns this packed object, a cycle through C++ that Python's gc cannot see. Backward
+        # breaks it as it frees the saved tensors, but a graph dropped without backward (the first pipeline stage's
+        # shape-inference forward) would then hold its saved tensors for ever. Autograd reattaches the grad_fn on
+        # unpack, so nothing is lost.
+        t = t.detach()
         local = _local(t)
         try:
             storage = local.untyped_storage()
@@ -143,6 +151,11 @@ class ActivationMeter:
         if ref[0] == 0:
             self.live -= ref[1]
             del self._refs[ptr]
+
+
+def _leaf_requiring_grad(t: torch.Tensor) -> bool:
+    base = t if t._base is None else t._base
+    return base.is_leaf and base.requires_grad
 
 
 class _Saved:
