@@ -87,21 +87,30 @@ def die_while_saving(victim: int, where: str) -> None:
 
 
 def arm(victim: int, fault: str, ballast_mb: int = 0) -> None:
-    """Make the next forward/backward on rank `victim` end in `fault`, once, after its gradients are synced."""
+    """Make the next step on rank `victim` end in `fault`, once: "oom in forward" before any collective; "oom"
+    after its gradients are synced (in the fp16 unscale, the last thing before the step's vote); "inf" or "nan" in
+    its synced gradients."""
     if rank.get_rank() != victim:
         return
     trainer = rank.state["session"].trainer
+    if fault == "oom":
+        def out_of_memory(optimizers):
+            del trainer.precision.unscale  # once: the class's method is back
+            # Touched pages, so the RSS shows whether the exception's frames are kept alive after the skip.
+            ballast = torch.ones(ballast_mb * 2**18)  # noqa: F841 - held by this frame
+            raise torch.OutOfMemoryError(f"simulated: tried to allocate {ballast_mb} MiB more")
+
+        trainer.precision.unscale = out_of_memory
+        return
     real = trainer.__class__._forward_backward.__get__(trainer)
 
     def failing(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         trainer._forward_backward = real  # once
+        if fault == "oom in forward":
+            raise torch.OutOfMemoryError("simulated: tried to allocate 2 GiB more in attention")
         loss = real(inputs, targets)
         grad = next(p.grad for m in trainer.modules for p in m.parameters() if p.grad is not None)
         local = grad.to_local() if hasattr(grad, "to_local") else grad
-        if fault == "oom":
-            # Touched pages, so the RSS shows whether the exception's frames are kept alive after the skip.
-            ballast = torch.ones(ballast_mb * 2**18)  # noqa: F841 - held by this frame
-            raise torch.OutOfMemoryError(f"simulated: tried to allocate {ballast_mb} MiB more")
         local.view(-1)[0] = float("inf") if fault == "inf" else float("nan")
         return loss * float("nan") if fault == "nan" else loss
 
@@ -277,6 +286,25 @@ def test_out_of_memory_on_one_rank_skips_the_step_everywhere_and_frees_its_memor
     print(f"\nOOM step skipped on every rank; RSS change on the ranks {grew[0]:+.1f} / {grew[1]:+.1f} MiB "
           "(256 MiB were held when the OOM was raised)")
     assert grew[1] < 64
+
+
+def test_out_of_memory_in_forward_fails_fast_naming_the_rank_and_the_fix_then_resumes(bench, straight, tmp_path):
+    # There the other rank already waits in the step's gradient all-reduce: skipping would send this one into a
+    # different collective. The command fails instead, and the pool stops the waiting rank at once.
+    _fresh(bench)
+    bench.train(EVERY).wait()
+    bench.save(tmp_path)
+    bench.pool.run(arm, 1, "oom in forward")
+    t0 = time.monotonic()
+    with pytest.raises(wb.RemoteError) as info:
+        bench.train(3).wait(timeout=60)
+    elapsed = time.monotonic() - t0
+    print(f"\nOOM in forward on rank 1: RemoteError after {elapsed:.2f} s; pool broken: {bench.pool.broken}")
+    assert info.value.rank == 1 and info.value.exc_type == "OutOfMemoryError"
+    message = str(info.value)
+    assert "rank 1 in forward/backward" in message and "activation_checkpointing" in message
+    assert "left waiting" in message and bench.pool.broken
+    assert _resume(bench, tmp_path, straight) == EVERY + 3
 
 
 def test_fp16_overflow_on_one_rank_is_skipped_everywhere_counted_and_shown(bench):

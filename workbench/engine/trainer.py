@@ -123,14 +123,23 @@ class Trainer:
         try:
             with self.probe.activations():  # counts what autograd saves for backward, live
                 loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
-            self.probe.after_backward()
-            found_inf = self.precision.unscale(self.optimizers)  # fp16 only: this rank's own verdict
-        except torch.OutOfMemoryError:
-            # Vote to skip and drop the half-made gradients; the activations went with the exception's frames.
-            # The other ranks skip with this one only if it failed after the step's gradient collectives
-            # (DDP/FSDP sync inside backward): failing before them leaves the others waiting there, and the
-            # pool reports them stuck (then restart and load the last checkpoint).
-            loss, found_inf, flags = None, torch.zeros(()), dataclasses.replace(flags, oom=True)
+        except torch.OutOfMemoryError as e:
+            if dist.get_world_size() > 1:
+                for opt in self.optimizers:
+                    opt.zero_grad(set_to_none=True)  # a partial step's gradients must not leak into the next
+                raise self._oom_mid_step(e) from e
+            loss = None
+            flags = dataclasses.replace(flags, oom=True)
+        found_inf = torch.zeros(())
+        if not flags.oom:
+            try:
+                self.probe.after_backward()
+                found_inf = self.precision.unscale(self.optimizers)  # fp16 only: this rank's own verdict
+            except torch.OutOfMemoryError:
+                # Past the step's collectives, every rank can still skip together: the vote says so.
+                loss, flags = None, dataclasses.replace(flags, oom=True)
+        if flags.oom:
+            # Drop the half-made gradients; the activations went with the exception's frames.
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
@@ -150,6 +159,19 @@ class Trainer:
             tokens_per_s=self.cfg.tokens_per_step / elapsed, rank=dist.get_rank(), layout=self.cfg.layout,
             skipped=skipped, skip_reason=agreed.skip_reason, loss_scale=self.precision.loss_scale,
         ))
+
+    def _oom_mid_step(self, error: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
+        """Out of memory inside forward/backward, where the other ranks wait for this one in the step's collectives
+        (gradient sync, tensor-parallel gathers, pipeline sends). Skipping would send this rank into the step's
+        vote while they wait in another collective: a mismatch that hangs or, on gloo, reads garbage. So it fails
+        the command instead, naming the cause; the pool then stops the waiting ranks at once."""
+        cfg = self.cfg
+        return torch.OutOfMemoryError(
+            f"{error}\nOut of memory on rank {dist.get_rank()} in forward/backward of layout {cfg.layout}, "
+            f"micro-batch {cfg.micro_batch_size} x {cfg.seq_len} tokens. The step cannot be skipped there: the other "
+            "ranks wait for this one inside the step's collectives. Fix: more micro_batches, "
+            "activation_checkpointing='full', or a higher zero stage; then pool.restart(), apply and load the last "
+            "checkpoint.")
 
     def _batch(self, step_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Every tp and pp rank of a dp group reads the same slice: tp ranks all need the whole
