@@ -39,8 +39,8 @@ ASSUMPTIONS = (
     "embedding (vocab-parallel) and the head split across tp, norms replicated; the logits are gathered for the "
     "loss (no loss parallel)",
     "activations are the tensors autograd saves for backward, term by term as torch's CPU kernels save them for "
-    "this model (a fused GPU RMSNorm may save less); under autocast each in-flight micro-batch also holds the "
-    "2-byte copies of the weights it used",
+    "this model (a fused GPU RMSNorm may save less), each storage once however many ops save it; under autocast "
+    "each in-flight micro-batch also holds the 2-byte copies of the weights it used",
     "checkpointed blocks keep only their input; the one block backward rebuilds at a time is a transient, counted "
     "under other with the logits: activations are what forward leaves saved, as the telemetry measures them",
     "a pipeline rank holds the micro-batches its schedule has run forward and not yet backward, in the order torch "
@@ -327,7 +327,10 @@ class _StagePlan:
           inputs of wq,wk,wv and w1,w3 (gathered, full length)  8·dim fp32; 10·dim under autocast (one cast each)
           attention: rotated q and k, v, output; logsumexp      (a·(2·dim + 2·kv_dim) + 4·heads) ÷ tp
           SwiGLU: w1 out, silu out, w3 out, product             4·a·hidden ÷ tp
-        plus, under autocast, the 2-byte copy of the block's weights.
+        plus, under autocast, the 2-byte copy of the block's weights. Every norm saves its input twice (for the
+        square and for the product with 1/rms), one storage; in the first block under tp that input is the
+        embedding's reduce-scatter output, a wrapper around the collective's result, one sharded residual all the
+        same.
         """
         m, tp, a = self.cfg.model, self.cfg.tp, self.act_bytes
         kv_dim = m.kv_heads * m.head_dim

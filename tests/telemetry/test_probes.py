@@ -23,6 +23,24 @@ def test_waits_inside_compute_spans_are_not_counted_as_compute():
     assert comm_s == pytest.approx(90e-9) and exposed_s == pytest.approx(60e-9) and overlap == pytest.approx(30 / 90)
 
 
+def test_a_collective_result_saved_twice_counts_once():
+    import torch
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    from workbench.telemetry.probes import ActivationMeter
+
+    # What the embedding's sequence-parallel reduce-scatter returns: a wrapper owning no storage of its own. The
+    # meter saves a detached alias of each saved tensor, and detaching it makes a new wrapper every time.
+    result = torch.randn(64, 32)
+    x, w = AsyncCollectiveTensor(result), torch.ones(64, 32, requires_grad=True)
+    meter = ActivationMeter()
+    with meter.watching():
+        loss = (x * w).sum() + (x * w.square()).sum()  # both products save x for w's gradient
+    assert meter.live == result.nbytes
+    loss.backward()
+    assert meter.live == 0 and meter.peak == result.nbytes
+
+
 @pytest.fixture(scope="module")
 def zero_stages(_session_pool):
     return {zero: _session_pool.run(fns.train_and_measure, BASE.replace(dp=2, zero=zero)) for zero in range(4)}

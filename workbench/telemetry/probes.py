@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from workbench.estimate import flops_per_token
 from workbench.telemetry.events import Interval, StepMetrics
@@ -95,18 +96,20 @@ class ActivationMeter:
     buffer (`buffers`: the rotary table) share memory the model holds anyway;
     so does a pipeline stage's input, received into a buffer torch allocates
     per micro-batch once and keeps between steps.
-    A storage saved by several ops counts once. Under activation checkpointing
-    the checkpoint's own hooks take precedence inside checkpointed regions: what
-    they discard is never counted (exactly the memory recompute saves), and
-    neither is the block backward rebuilds from it, a transient of backward like
-    the gradients in flight. So the peak is the end of the forward that leaves
-    the most saved, the moment `wb.estimate`'s `activations` describes.
+    A storage saved by several ops counts once, also when reached through
+    wrappers that own none (a DTensor, an async collective's result). Under
+    activation checkpointing the checkpoint's own hooks take precedence inside
+    checkpointed regions: what they discard is never counted (exactly the
+    memory recompute saves), and neither is the block backward rebuilds from
+    it, a transient of backward like the gradients in flight. So the peak is
+    the end of the forward that leaves the most saved, the moment
+    `wb.estimate`'s `activations` describes.
     """
 
     def __init__(self, buffers: Iterable[torch.Tensor] = ()) -> None:
         self.live = self.peak = 0
         self._refs: dict[int, list[int]] = {}  # storage pointer -> [references, bytes]
-        self._ignored = {_local(b).untyped_storage().data_ptr() for b in buffers}
+        self._ignored = {_storage(b)[0] for b in buffers}
 
     def reset_peak(self) -> None:
         self.peak = self.live
@@ -128,12 +131,7 @@ class ActivationMeter:
         # shape-inference forward) would then hold its saved tensors for ever. Autograd reattaches the grad_fn on
         # unpack, so nothing is lost.
         t = t.detach()
-        local = _local(t)
-        try:
-            storage = local.untyped_storage()
-            ptr, nbytes = storage.data_ptr(), storage.nbytes()
-        except RuntimeError:  # a wrapper subclass (e.g. an async collective's result) owns no storage itself
-            ptr, nbytes = id(local), local.numel() * local.element_size()
+        ptr, nbytes = _storage(t)
         if not nbytes or ptr in self._ignored:
             return t
         ref = self._refs.get(ptr)
@@ -151,6 +149,30 @@ class ActivationMeter:
         if ref[0] == 0:
             self.live -= ref[1]
             del self._refs[ptr]
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """The address and size of the memory behind `t`, the key under which the meter counts it once.
+
+    Wrapper subclasses own no storage: a DTensor holds its local shard, and an
+    async collective's result (the sequence-parallel reduce-scatter after the
+    embedding, which the first block's norm saves twice) holds the tensor the
+    collective wrote. Each detach makes a new wrapper around the same memory, so
+    keyed by the wrapper's identity that memory would count once per save
+    (one sharded residual more per micro-batch under tp). So look through to
+    the tensor that owns the storage.
+    """
+    while is_traceable_wrapper_subclass(t):
+        # Flattening may name non-tensor parts too (DTensor's device mesh).
+        inner = [x for x in (getattr(t, name) for name in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
+        if len(inner) != 1:
+            break
+        t = inner[0]
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except RuntimeError:  # a subclass with several inner tensors, or none: only itself to go by
+        return id(t), t.numel() * t.element_size()
 
 
 def _leaf_requiring_grad(t: torch.Tensor) -> bool:
