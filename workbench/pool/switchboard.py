@@ -36,6 +36,7 @@ class Peer:
     reader: wire.FrameReader
     name: bytes | None = None
     out: collections.deque = field(default_factory=collections.deque)
+    watching_writable: bool = False
     connected_at: float = field(default_factory=time.monotonic)
 
 
@@ -94,19 +95,9 @@ class Switchboard:
 
     def reply(self, peer: Peer, blob: bytes) -> None:
         """Send what the socket takes now; the rest waits for it to be writable (never block the owner)."""
-        data = wire.frame(blob)
-        if not peer.out:
-            try:
-                sent = peer.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                return self._drop(peer)
-            if sent == len(data):
-                return
-            data = data[sent:]
-            self.selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
-        peer.out.append(memoryview(data))
+        peer.out.append(memoryview(wire.frame(blob)))
+        if len(peer.out) == 1:  # otherwise it queues behind frames that already wait for the socket
+            self._push(peer)
 
     def hang_up_all(self) -> None:
         for peer in list(self.peers):
@@ -140,18 +131,23 @@ class Switchboard:
             self.selector.register(sock, selectors.EVENT_READ, peer)
 
     def _push(self, peer: Peer) -> None:
+        """Send queued frames until the socket is full; watch for writability only while some still wait."""
         while peer.out:
             try:
                 sent = peer.sock.send(peer.out[0])
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError:
                 return self._drop(peer)
             if sent == len(peer.out[0]):
                 peer.out.popleft()
             else:
                 peer.out[0] = peer.out[0][sent:]
-        self.selector.modify(peer.sock, selectors.EVENT_READ, peer)
+        waiting = bool(peer.out)
+        if waiting != peer.watching_writable:  # an epoll change only when the state changes, not per send
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if waiting else 0)
+            self.selector.modify(peer.sock, events, peer)
+            peer.watching_writable = waiting
 
     def _read(self, peer: Peer, frames: list) -> None:
         try:

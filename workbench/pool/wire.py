@@ -37,6 +37,12 @@ def is_unix(address: str) -> bool:
     return address.startswith("unix://")
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT`, `tcp://HOST:PORT` or `[V6HOST]:PORT` -> (host without brackets, port)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
 def listen(endpoint: str) -> tuple[socket.socket, str]:
     """Bind `unix://PATH` or `tcp://HOST:PORT` (port 0: any free one); returns the socket and its address."""
     if is_unix(endpoint):
@@ -44,12 +50,11 @@ def listen(endpoint: str) -> tuple[socket.socket, str]:
         sock.bind(endpoint.removeprefix("unix://"))
         address = endpoint
     else:
-        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-        host = host.strip("[]")
+        host, port = _host_port(endpoint)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, int(port)))
+        sock.bind((host, port))
         port = sock.getsockname()[1]
         address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
     sock.listen(128)
@@ -72,8 +77,7 @@ def connect(address: str, timeout_s: float) -> socket.socket:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.connect(address.removeprefix("unix://"))
             else:
-                host, port = address.removeprefix("tcp://").rsplit(":", 1)
-                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
+                sock = socket.create_connection(_host_port(address), timeout=5)
                 sock.settimeout(None)
             tune(sock)
             return sock
