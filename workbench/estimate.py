@@ -297,6 +297,9 @@ class _StagePlan:
         # Global indices of the pipeline stages this rank holds (loop placement), and of the model's last one.
         self.stages = tuple(c * cfg.pp + rank for c in range(self.chunks))
         self.last_stage = cfg.pp * self.chunks - 1
+        # Stage boundaries this rank crosses per micro-batch: an input from the stage before (all but stage 0) and
+        # a gradient from the stage after (all but the last), each received and, by the neighbour, sent.
+        self.boundaries = sum(s > 0 for s in self.stages) + sum(s < self.last_stage for s in self.stages)
         self.autocast = cfg.precision in ("bf16", "fp16")
         self.act_bytes = 2 if self.autocast else 4
         block_full, head_full = _matmul_params(m)
@@ -400,8 +403,7 @@ class _StagePlan:
         if cfg.pp > 1:
             # torch allocates, once, a receive buffer per micro-batch for each stage's input (but the first stage's)
             # and for the gradient of its output (but the last's), and keeps them between steps.
-            receivers = sum(s > 0 for s in self.stages) + sum(s < self.last_stage for s in self.stages)
-            buffers += receivers * cfg.micro_batches * self._residual()
+            buffers += self.boundaries * cfg.micro_batches * self._residual()
         # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
         other = self.tokens * m.vocab_size * (6 if self.autocast else 4) if self.last else 0
         if self.checkpointed:
@@ -518,6 +520,6 @@ class _StagePlan:
         if cfg.pp == 1:
             return []
         # Forward sends the fp32 residual stream on (sequence-sharded under tp); backward sends its gradient back.
-        sends = sum(s != self.last_stage for s in self.stages) + sum(s != 0 for s in self.stages)
+        # Each boundary is crossed both ways: this rank sends as many activations and gradients as it receives.
         return [self._collective(hw, "pp", "send_recv", "activations and their gradients",
-                                 sends * cfg.micro_batches, self._residual(), 2)]
+                                 self.boundaries * cfg.micro_batches, self._residual(), 2)]

@@ -125,8 +125,7 @@ class Trainer:
                 loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
         except torch.OutOfMemoryError as e:
             if dist.get_world_size() > 1:
-                for opt in self.optimizers:
-                    opt.zero_grad(set_to_none=True)  # a partial step's gradients must not leak into the next
+                self._drop_gradients()  # a partial step's gradients must not leak into the next
                 raise self._oom_mid_step(e) from e
             loss = None
             flags = dataclasses.replace(flags, oom=True)
@@ -139,13 +138,10 @@ class Trainer:
                 # Past the step's collectives, every rank can still skip together: the vote says so.
                 loss, flags = None, dataclasses.replace(flags, oom=True)
         if flags.oom:
-            # Drop the half-made gradients; the activations went with the exception's frames.
-            for opt in self.optimizers:
-                opt.zero_grad(set_to_none=True)
+            self._drop_gradients()  # half made, and freed before the vote; the activations went with the exception
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
         self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skipped and not agreed.overflow)
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+        self._drop_gradients()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so the step time includes the optimizer's kernels
 
@@ -159,6 +155,10 @@ class Trainer:
             tokens_per_s=self.cfg.tokens_per_step / elapsed, rank=dist.get_rank(), layout=self.cfg.layout,
             skipped=skipped, skip_reason=agreed.skip_reason, loss_scale=self.precision.loss_scale,
         ))
+
+    def _drop_gradients(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
     def _oom_mid_step(self, error: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
         """Out of memory inside forward/backward, where the other ranks wait for this one in the step's collectives
