@@ -9,8 +9,11 @@ rank. Variants are made with `dataclasses.replace(cfg, tp=2)`.
 from __future__ import annotations
 
 import dataclasses
+import json
+import typing
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -276,6 +279,68 @@ class Config:
     def replace(self, **changes) -> "Config":
         """`dataclasses.replace`, validated."""
         return dataclasses.replace(self, **changes)
+
+    # -- as data: config.json for runs outside the notebook --------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON data (the model nested); `Config.from_dict` makes an equal Config of it."""
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Config":
+        """The Config `data` describes (as `to_dict` writes it), validated; an unknown key is refused by name.
+
+        Missing keys take their defaults, so a config.json written before a field existed still loads.
+        """
+        return _from_dict(cls, data, "")
+
+    def save(self, path: str | Path) -> Path:
+        """Write this Config as JSON to `path`."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Config":
+        """The Config in the JSON file `path` (as `save` or `bench.export` write it)."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"config: cannot read {path} ({e}). Fix: pass a config.json written by "
+                              "bench.export() or Config.save()") from None
+        return cls.from_dict(data)
+
+
+def _to_dict(value: Any) -> Any:
+    """Generic over dataclass fields, so a field added to Config or ModelConfig is written with no change here."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_dict(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_dict(v) for k, v in value.items()}
+    return value
+
+
+def _from_dict(cls: type, data: Any, prefix: str) -> Any:
+    """Build dataclass `cls` from `data`, recursing into fields whose declared type is a dataclass."""
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(data, dict):
+        raise _refuse(where, f"expected a JSON object, got {type(data).__name__}", "pass a dict as to_dict() writes it")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise _refuse(f"{prefix}{unknown[0]}", f"unknown field(s) {unknown} for {cls.__name__}",
+                      f"use the fields {sorted(names)}")
+    values = {}
+    for name, value in data.items():
+        hint = hints.get(name)
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = _from_dict(hint, value, f"{prefix}{name}.")
+        elif typing.get_origin(hint) is tuple and isinstance(value, list):
+            value = tuple(value)  # JSON has no tuples
+        values[name] = value
+    return cls(**values)
 
 
 def _divisors(n: int) -> list[int]:

@@ -154,6 +154,20 @@ class Workbench:
         """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it)."""
         return checkpoints.load(self, path)
 
+    # -- the large run ---------------------------------------------------------------------------
+    def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
+        """Write what runs the current Config without the notebook into `directory`: config.json, run.sh (torchrun),
+        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan.toml; returns `wb.export.Exported`.
+
+        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, port.
+        """
+        from workbench.export import export
+
+        cfg = config or self.config
+        if cfg is None:
+            raise RuntimeError("nothing to export: call bench.apply(wb.Config(...)) first, or pass config=")
+        return export(cfg, directory, **launch)
+
     # -- see ---------------------------------------------------------------------------------------
     def dashboard(self, refresh_s: float = 0.3):
         """Controls and live plots in one widget: change the layout, train, watch what it does."""

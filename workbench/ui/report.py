@@ -40,11 +40,9 @@ def _layout_table(snap: Snapshot) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _summary(bench: "Workbench", snap: Snapshot) -> str:
+def _summary(facts: dict[str, str], snap: Snapshot) -> str:
     steps = snap.steps(0)
-    pool = bench.pool
-    facts = {"ranks": str(pool.world_size), "device": pool.device, "backend": pool.backend or "?",
-             "steps trained": str(len(steps))}
+    facts = {**facts, "steps trained": str(len(steps))}
     if steps:
         facts["last loss"] = f"{steps[-1].loss:.4f} (step {steps[-1].step}, {steps[-1].layout})"
     return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
@@ -53,8 +51,36 @@ def _summary(bench: "Workbench", snap: Snapshot) -> str:
 
 def report(bench: "Workbench", path: str | Path = "run.html", title: str = "workbench session") -> Path:
     """Write `bench`'s plots and layouts to `path` (plotly's JavaScript embedded once); returns the path."""
-    snap = bench.store.snapshot()
-    figures = static_figures(snap, bench.pool.world_size)
+    pool = bench.pool
+    facts = {"ranks": str(pool.world_size), "device": pool.device, "backend": pool.backend or "?"}
+    return write_report(bench.store.snapshot(), pool.world_size, facts, path, title)
+
+
+def report_from_metrics(metrics: str | Path, path: str | Path = "run.html", config: Config | str | Path | None = None,
+                        title: str = "workbench run") -> Path:
+    """The same page as `bench.report()`, from the JSONL file `python -m workbench.train` writes (every rank's
+    StepMetrics); `config` (a Config or its config.json) marks where its layout took effect."""
+    from workbench.telemetry import jsonl
+    from workbench.telemetry.store import TelemetryStore
+
+    store = TelemetryStore()
+    for m in jsonl.read(metrics):
+        store.add(m.rank, m)
+    snap = store.snapshot()
+    if config is not None:
+        cfg = config if isinstance(config, Config) else Config.load(config)
+        first = snap.steps(0)
+        store.add_layout_change(first[0].step if first else 0, cfg)
+        snap = store.snapshot()
+    world_size = max(snap.ranks, default=0) + 1
+    facts = {"ranks": str(world_size), "source": str(metrics)}
+    return write_report(snap, world_size, facts, path, title)
+
+
+def write_report(snap: Snapshot, world_size: int, facts: dict[str, str], path: str | Path,
+                 title: str = "workbench session") -> Path:
+    """One self-contained HTML page of a snapshot's plots and layouts, with `facts` in its summary table."""
+    figures = static_figures(snap, world_size)
     plots = []
     for i, fig in enumerate(figures.values()):
         # The first figure carries plotly.js; the others reuse it, so the file holds it once.
@@ -62,7 +88,7 @@ def report(bench: "Workbench", path: str | Path = "run.html", title: str = "work
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     document = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
                 f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>written {stamp}</p>"
-                f"{_summary(bench, snap)}<h2>Layouts</h2>{_layout_table(snap)}"
+                f"{_summary(facts, snap)}<h2>Layouts</h2>{_layout_table(snap)}"
                 f"<h2>Plots</h2><div class='plots'>{''.join(plots)}</div></body></html>")
     path = Path(path)
     path.write_text(document, encoding="utf-8")
