@@ -1,0 +1,93 @@
+"""The large-run path on this machine: two torchrun launches acting as two nodes run the exported run.sh, and their
+checkpoints and a notebook Workbench's open in each other, continuing with the same losses."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import workbench as wb
+from workbench.export import Launch, export
+from workbench.telemetry import jsonl
+from workbench.ui.report import report_from_metrics
+
+# Same layout, same bytes, same reduction order on both sides (gloo, 2 ranks, fp32): the continuation is the same
+# computation, so the losses agree to the last bit; 1e-6 relative leaves room for nothing but printing.
+REL_TOL = 1e-6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(run: Path, *extra: str) -> list[str]:
+    """run.sh on "node 0" and "node 1" (one rank each) of this machine, meeting on loopback; their output."""
+    port = _free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHON=sys.executable,
+               GLOO_SOCKET_IFNAME="lo", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen([str(run / "run.sh"), *extra], env=dict(env, NODE_RANK=str(i)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    outputs = []
+    for node in nodes:
+        try:
+            out, _ = node.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            out, _ = node.communicate()
+        outputs.append(out)
+    for node, out in zip(nodes, outputs):
+        assert node.returncode == 0, out
+    return outputs
+
+
+def _losses(metrics: Path, rank: int = 0) -> dict[int, float]:
+    return {m.step: m.loss for m in jsonl.read(metrics) if m.rank == rank}
+
+
+def _same(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b) and all(math.isclose(x, y, rel_tol=REL_TOL) for x, y in zip(a, b)), (a, b)
+
+
+def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_path):
+    cfg = wb.Config(dp=2, zero=2, seed=3)
+    run = tmp_path / "run"
+    export(cfg, run, Launch(nnodes=2, nproc_per_node=1, device="cpu", steps=4, save_every=2))
+
+    # torchrun, two "nodes": steps 0-3, checkpoints at 2 and 4, metrics from both ranks.
+    outputs = _two_nodes(run)
+    assert "step      3" in outputs[0] and "started by torchrun" in outputs[0]
+    torchrun = _losses(run / "metrics.jsonl")
+    assert sorted(torchrun) == [0, 1, 2, 3] and _losses(run / "metrics.jsonl", rank=1) == torchrun
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["step-000002", "step-000004"]
+
+    # A notebook opens torchrun's step-2 checkpoint (its Config comes with it) and trains what torchrun trained next.
+    bench = wb.Workbench(pool=pool)
+    try:
+        loaded = bench.load(run / "ckpt" / "step-000002")
+        assert loaded["step"] == 2 and bench.config == cfg
+        _same([m.loss for m in bench.train(2).wait()], [torchrun[2], torchrun[3]])
+
+        # ... and the other way: the notebook saves at step 4, torchrun --resume trains 4-5, as the notebook does.
+        saved = bench.save(tmp_path / "notebook_ckpt")
+        assert saved.name == "step-000004"
+        resumed = run / "resumed.jsonl"
+        outputs = _two_nodes(run, "--resume", str(tmp_path / "notebook_ckpt"), "--steps", "6",
+                             "--metrics", str(resumed), "--save-to", str(tmp_path / "after"))
+        assert "resumed from" in outputs[0] and "next step 4" in outputs[0]
+        notebook = [m.loss for m in bench.train(2).wait()]
+    finally:
+        bench.close()
+    from_notebook_ckpt = _losses(resumed)
+    assert sorted(from_notebook_ckpt) == [4, 5]
+    _same([from_notebook_ckpt[4], from_notebook_ckpt[5]], notebook)
+    assert (tmp_path / "after" / "step-000006").is_dir()  # the end of a run is always saved
+
+    # The JSONL makes the page bench.report() makes: both ranks' steps, the layout from config.json.
+    page = report_from_metrics(run / "metrics.jsonl", tmp_path / "run.html", run / "config.json").read_text()
+    assert "dp2·zero2" in page and "<th>steps trained</th><td>4</td>" in page
