@@ -9,6 +9,7 @@
 from workbench.config import Config, ConfigError, ModelConfig
 from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware
+from workbench.plan import Plan, plan
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.store import LayoutChange
@@ -16,7 +17,7 @@ from workbench.workbench import Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
-           "Hardware"]
+           "Hardware", "plan", "Plan"]
 __version__ = "0.1.0"
 
 

@@ -10,6 +10,7 @@ bf16/fp16 through autocast. Everything else assumed is listed in
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -73,6 +74,39 @@ def flops_per_token(model: ModelConfig, seq_len: int) -> float:
     """
     block, head = _matmul_params(model)
     return 6 * (model.n_layers * block + head) + 12 * model.n_layers * seq_len * model.n_heads * model.head_dim
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of the model states ZeRO shards: the parameters, their gradients, the optimizer's state."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+
+
+ENGINE_STATE_BYTES = StateBytes(parameters=4, gradients=4, optimizer=8)
+"""How the engine holds them: fp32 parameters (the master copy; bf16/fp16 come from autocast), fp32 gradients,
+AdamW's two fp32 moments."""
+ZERO_PAPER_STATE_BYTES = StateBytes(parameters=2, gradients=2, optimizer=12)
+"""Rajbhandari et al. 2020 (ZeRO), section 3.1: mixed-precision Adam keeps fp16 parameters and gradients (2+2 B)
+and K = 12 B of optimizer state (fp32 master parameters, momentum, variance)."""
+
+
+def model_state_memory(params: int, dp: int, zero: int,
+                       state: StateBytes = ENGINE_STATE_BYTES) -> tuple[int, int, int]:
+    """Bytes of (parameters, gradients, optimizer state) on one rank for `params` parameter elements, with ZeRO
+    stage `zero` across `dp` ranks: stage 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.
+    The estimator's own arithmetic for these categories, whatever the bytes per parameter."""
+    return (_ceil_div(state.parameters * params, dp if zero == 3 else 1),
+            _ceil_div(state.gradients * params, dp if zero >= 2 else 1),
+            _ceil_div(state.optimizer * params, dp if zero >= 1 else 1))
+
+
+def zero_paper_memory(params: int, dp: int) -> dict[int, int]:
+    """Model-state bytes per rank at ZeRO stages 0-3 under the ZeRO paper's convention (2+2+12 B per parameter):
+    what its Figure 1 tabulates as baseline, P_os, P_os+g and P_os+g+p."""
+    return {zero: sum(model_state_memory(params, dp, zero, ZERO_PAPER_STATE_BYTES)) for zero in range(4)}
 
 
 @dataclass(frozen=True)
@@ -268,6 +302,13 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
                     compute_s=compute_s)
 
 
+@functools.lru_cache(maxsize=128)
+def _rank_orders(schedule: str, pp: int, micro_batches: int, chunks: int) -> tuple[tuple, ...]:
+    """Every rank's actions in order, computed once per schedule shape: each stage of an estimate, and each of the
+    many layouts `wb.plan` estimates, reads the same grid."""
+    return tuple(tuple(order) for order in rank_orders(schedule, pp, micro_batches, chunks))
+
+
 def _chunks(cfg: Config) -> int:
     """Model chunks per pipeline rank: stages_per_rank for the interleaved schedule, else one."""
     return cfg.stages_per_rank if cfg.pp > 1 and cfg.schedule == "interleaved_1f1b" else 1
@@ -378,7 +419,7 @@ class _StagePlan:
         if cfg.pp == 1:
             return saved[0]  # gradient accumulation backpropagates each micro-batch before the next forward
         live = peak = 0
-        for action in rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, self.chunks)[self.rank]:
+        for action in _rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, self.chunks)[self.rank]:
             live += saved[action.stage] if action.kind == "F" else -saved[action.stage]
             peak = max(peak, live)
         return peak
@@ -408,10 +449,11 @@ class _StagePlan:
         other = self.tokens * m.vocab_size * (6 if self.autocast else 4) if self.last else 0
         if self.checkpointed:
             other += self.block_activations()
+        parameters, gradients, optimizer = model_state_memory(self.params, dp, zero)
         return Memory(
-            parameters=_ceil_div(params, dp if zero == 3 else 1),
-            gradients=_ceil_div(params, dp if zero >= 2 else 1),
-            optimizer=_ceil_div(2 * params, dp if zero >= 1 else 1),
+            parameters=parameters,
+            gradients=gradients,
+            optimizer=optimizer,
             buffers=buffers,
             activations=self.peak_activations(),
             other=other,

@@ -1,0 +1,96 @@
+"""wb.plan without processes: every layout enumerated, refusals from Config itself, ranking by the estimator,
+and the rule that carries a planned layout onto the local pool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import workbench as wb
+from workbench.plan import AXES, Axis, PlanInputs, layouts, plan, scale_layout
+
+
+@pytest.fixture(scope="module")
+def plan_8b():
+    return plan("8b", hardware="h100", gpus=16, global_batch=64, seq_len=4096)
+
+
+def test_every_layout_is_ranked_or_refused_with_a_reason(plan_8b):
+    p = plan_8b
+    enumerated = list(layouts(p.inputs))
+    assert len(p.ranked) + len(p.refused) == len(enumerated) > 100
+    # Every factorisation of 16 ranks into dp·tp·pp was tried.
+    tried = {(c.choice["dp"], c.choice["tp"], c.choice["pp"]) for c in (*p.ranked, *p.refused)}
+    assert tried == {(16 // (t * q), t, q) for t in (1, 2, 4, 8, 16) for q in (1, 2, 4, 8, 16) if 16 % (t * q) == 0}
+    for c in p.refused:
+        if c.refused.startswith("invalid"):
+            # The refusal is Config's own: making that Config raises the same message.
+            with pytest.raises(wb.ConfigError) as e:
+                wb.Config(model=p.inputs.model, batch_size=64, seq_len=4096, precision="bf16", **c.choice)
+            assert c.refused == f"invalid: {e.value}"
+        else:
+            assert c.refused.startswith("does not fit") and not c.estimate.fits
+
+
+def test_the_ranking_is_the_estimators_step_time_among_layouts_that_fit(plan_8b):
+    p = plan_8b
+    times = [c.step_time_s for c in p.ranked]
+    assert times == sorted(times) and all(c.estimate.fits for c in p.ranked)
+    best = p.best
+    again = wb.estimate(best.config, "h100")  # an independent call: the plan ranked what estimate predicts
+    assert again.step_time_s == best.step_time_s and again.memory.total <= 80e9
+    # Nothing refused for memory would have been faster and fit: the best is the fastest that fits.
+    assert all(not c.estimate.fits for c in p.refused if c.estimate is not None)
+
+
+def test_the_plan_prints_its_top_layouts_and_why_others_were_refused(plan_8b):
+    text = plan_8b.table(5)
+    assert plan_8b.best.config.layout in text.splitlines()[2]
+    assert len(plan_8b.rows(5)) == 5
+    assert "refused: " in text and "does not fit" in text and "invalid (zero)" in text
+
+
+def test_an_axis_is_one_entry():
+    # How expert parallel joins the search: one Axis whose values may depend on the degrees already chosen.
+    inputs = PlanInputs(wb.ModelConfig.preset("tiny"), 4, 16, 128, "fp32", 8)
+    base = list(layouts(inputs))
+    extended = list(layouts(inputs, AXES + (Axis("seed", lambda c, p: range(c["dp"])),)))
+    assert len(extended) == sum(c["dp"] for c in base)
+
+
+def test_planning_imports_no_torch():
+    code = "import sys, workbench as wb; wb.plan('1b', gpus=8, global_batch=32); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("world, expected, said", [
+    (2, (1, 2, 1), ["dp 8→1", "pp 4→1", "tp 2 kept", "zero 3→0 (no dp ranks to shard across)"]),
+    (4, (1, 2, 2), ["dp 8→1", "pp 4→2", "tp 2 kept", "zero 3→0 (no dp ranks to shard across)"]),
+    (8, (1, 2, 4), ["dp 8→1", "pp 4 kept", "tp 2 kept", "zero 3→0 (no dp ranks to shard across)"]),
+    (16, (2, 2, 4), ["dp 8→2", "pp 4 kept", "tp 2 kept"]),
+])
+def test_a_planned_layout_shrinks_dp_first_then_pp_then_tp(world, expected, said):
+    big = wb.Config(model=wb.ModelConfig.preset("8b"), dp=8, tp=2, pp=4, zero=3, micro_batches=8, batch_size=64,
+                    seq_len=4096, precision="bf16", activation_checkpointing="selective")
+    local = wb.Config(batch_size=16)  # the notebook's tiny model
+    scaled = scale_layout(big, world, local)
+    cfg = scaled.config
+    assert (cfg.dp, cfg.tp, cfg.pp) == expected and cfg.world_size == world
+    assert cfg.model == local.model and cfg.activation_checkpointing == "selective" and cfg.precision == "bf16"
+    assert list(scaled.changes) == said
+    assert scaled.describe() == "; ".join(said)
+
+
+def test_scaling_says_every_other_change_the_local_world_needs():
+    # tiny has 2 key/value heads: tp 4 cannot stay; interleaved pp 2 needs micro-batches a multiple of pp.
+    big = wb.Config(model=wb.ModelConfig.preset("8b"), dp=1, tp=4, pp=1, batch_size=8, seq_len=4096)
+    scaled = scale_layout(big, 4, wb.Config(batch_size=5, seq_len=127))
+    assert (scaled.config.dp, scaled.config.tp) == (2, 2)
+    assert "tp 4→2" in scaled.changes and "batch_size 5→6 (divisible by dp·micro_batches)" in scaled.changes
+    assert "seq_len 127→126 (a multiple of tp)" in scaled.changes
+    pipe = wb.Config(model=wb.ModelConfig.preset("8b"), pp=4, schedule="interleaved_1f1b", micro_batches=4,
+                     batch_size=8, seq_len=4096)
+    scaled = scale_layout(pipe, 2, wb.Config())
+    assert (scaled.config.pp, scaled.config.micro_batches) == (2, 4) and scaled.config.world_size == 2

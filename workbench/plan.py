@@ -1,0 +1,264 @@
+"""Plan a layout for a large run: every valid layout on N GPUs, ranked by the estimator's predicted step time.
+
+    print(wb.plan("8b", hardware="h100", gpus=64, global_batch=256, seq_len=4096))
+
+Pure arithmetic (no torch import): each candidate is made with `Config(...)`, so every refusal is Config's own
+(named field and fix), then `wb.estimate` predicts its per-rank memory and step time. A layout is ranked only
+if its most loaded rank fits the device's memory; the rest are listed with why they were refused.
+
+The search space is a list of axes, enumerated in order; each axis lists its values given the choices already
+made. Adding an axis (expert parallel: `Axis("ep", lambda c, p: divisors(c["dp"]))`) is one entry in `AXES`.
+
+`scale_layout` carries a planned layout onto the local pool (fewer ranks, the notebook's model): the degrees
+shrink dp first, then pp, then tp (tp is what a layout is most about and costs the least to keep), and every
+other change it needs is said.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from workbench.config import Config, ConfigError, ModelConfig
+from workbench.estimate import Estimate, estimate
+from workbench.hardware import Hardware, profile, si
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What is fixed while the layout varies."""
+
+    model: ModelConfig
+    gpus: int
+    global_batch: int
+    seq_len: int
+    precision: str
+    max_micro_batches: int
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One dimension of the search: a Config field and its values, given the earlier axes' choices."""
+
+    name: str
+    values: Callable[[dict[str, Any], PlanInputs], Iterable[Any]]
+
+
+def _micro_batches(c: dict[str, Any], p: PlanInputs) -> list[int]:
+    # Powers of two: gradient accumulation steps without a pipeline, pipeline micro-batches (≥ pp) with one.
+    low = c["pp"] if c["pp"] > 1 else 1
+    values = [low * 2**i for i in range(8) if low * 2**i <= max(low, p.max_micro_batches)]
+    return [m for m in values if p.global_batch % (c["dp"] * m) == 0] or [low]
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("tp", lambda c, p: divisors(p.gpus)),
+    Axis("pp", lambda c, p: divisors(p.gpus // c["tp"])),
+    Axis("dp", lambda c, p: [p.gpus // (c["tp"] * c["pp"])]),
+    Axis("schedule", lambda c, p: ["gpipe", "1f1b", "interleaved_1f1b"] if c["pp"] > 1 else ["1f1b"]),
+    Axis("micro_batches", _micro_batches),
+    Axis("zero", lambda c, p: [0, 1, 2, 3] if c["dp"] > 1 else [0]),
+    Axis("activation_checkpointing", lambda c, p: ["none", "selective", "full"]),
+)
+"""The layout axes, in the order they are chosen; values of a later axis may depend on earlier choices."""
+
+
+def layouts(inputs: PlanInputs, axes: tuple[Axis, ...] = AXES) -> Iterable[dict[str, Any]]:
+    """Every combination of the axes' values, as Config keyword arguments."""
+    def walk(i: int, chosen: dict[str, Any]) -> Iterable[dict[str, Any]]:
+        if i == len(axes):
+            yield dict(chosen)
+            return
+        for value in axes[i].values(chosen, inputs):
+            chosen[axes[i].name] = value
+            yield from walk(i + 1, chosen)
+        chosen.pop(axes[i].name, None)
+
+    return walk(0, {})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout: its Config and estimate when valid, else why Config refused it."""
+
+    choice: dict[str, Any]
+    config: Config | None
+    estimate: Estimate | None
+    refused: str = ""
+    """"" when it fits; "invalid: <ConfigError>" or "does not fit: <memory>"."""
+
+    @property
+    def fits(self) -> bool:
+        return not self.refused
+
+    @property
+    def step_time_s(self) -> float:
+        return self.estimate.step_time_s if self.estimate else float("inf")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Valid layouts that fit, fastest predicted first, and the refused ones with their reasons."""
+
+    inputs: PlanInputs
+    hardware: Hardware
+    efficiency: float
+    ranked: tuple[Candidate, ...]
+    refused: tuple[Candidate, ...]
+
+    @property
+    def best(self) -> Candidate:
+        if not self.ranked:
+            raise ValueError(f"no layout fits: {self.refusal_summary()}")
+        return self.ranked[0]
+
+    def top(self, n: int = 10) -> tuple[Candidate, ...]:
+        return self.ranked[:n]
+
+    def refusal_summary(self) -> dict[str, int]:
+        """How many layouts were refused, by reason: "does not fit" or the Config field that refused them."""
+        counts: Counter[str] = Counter()
+        for c in self.refused:
+            kind, _, detail = c.refused.partition(": ")
+            counts["does not fit" if kind == "does not fit" else f"invalid ({detail.split(':')[0]})"] += 1
+        return dict(counts.most_common())
+
+    def rows(self, n: int = 10) -> list[dict[str, str]]:
+        """The top `n` layouts as display strings (what the table and the dashboard show; they compute nothing)."""
+        rows = []
+        for i, c in enumerate(self.top(n), 1):
+            e, cfg = c.estimate, c.config
+            rows.append({"#": str(i), "layout": cfg.layout, "dp": str(cfg.dp), "tp": str(cfg.tp), "pp": str(cfg.pp),
+                         "zero": str(cfg.zero), "schedule": cfg.schedule if cfg.pp > 1 else "-",
+                         "micro": str(cfg.micro_batches), "recompute": cfg.activation_checkpointing,
+                         "step": f"{e.step_time_s * 1e3:,.0f} ms",
+                         "tokens/s/GPU": f"{e.tokens_per_s / cfg.world_size:,.0f}", "MFU": f"{e.mfu:.0%}",
+                         "memory/rank": si(e.memory.total, "B")})
+        return rows
+
+    def table(self, n: int = 10) -> str:
+        p = self.inputs
+        head = (f"plan  {p.model.num_params / 1e9:.2f} B-parameter model on {p.gpus} × {self.hardware.name}, global "
+                f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; efficiency {self.efficiency:.0%} of peak")
+        rows = self.rows(n)
+        lines = [head]
+        if rows:
+            widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in rows[0]}
+            lines.append("  ".join(k.rjust(w) for k, w in widths.items()))
+            lines += ["  ".join(r[k].rjust(w) for k, w in widths.items()) for r in rows]
+        else:
+            lines.append("no layout fits")
+        total = len(self.ranked) + len(self.refused)
+        lines.append(f"{len(self.ranked)} of {total} layouts fit; refused: "
+                     + ", ".join(f"{k} {v}" for k, v in self.refusal_summary().items()))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(self.table())
+
+
+def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int = 8, global_batch: int = 64, *,
+         seq_len: int = 2048, precision: str = "bf16", efficiency: float = 0.4, max_micro_batches: int = 32,
+         base: Config | None = None) -> Plan:
+    """Rank every valid layout of `model` on `gpus` devices by predicted step time, with memory fit per rank.
+
+    global_batch: sequences per optimizer step (Config.batch_size); seq_len, precision: fixed for every layout.
+    efficiency: the MFU assumption the estimator runs at (see `wb.estimate`).
+    base: other Config fields (lr, seed, stages_per_rank, ...) every candidate keeps.
+    """
+    model = ModelConfig.preset(model) if isinstance(model, str) else model
+    hw = profile(hardware) if isinstance(hardware, str) else hardware
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus: must be a positive integer, got {gpus!r}")
+    inputs = PlanInputs(model, gpus, global_batch, seq_len, precision, max_micro_batches)
+    template = base or Config()
+    fixed = {"model": model, "batch_size": global_batch, "seq_len": seq_len, "precision": precision}
+    ranked, refused = [], []
+    for choice in layouts(inputs):
+        try:
+            cfg = dataclasses.replace(template, **fixed, **choice)  # Config's own validation decides
+        except ConfigError as e:
+            refused.append(Candidate(choice, None, None, f"invalid: {e}"))
+            continue
+        est = estimate(cfg, hw, efficiency=efficiency)
+        if est.fits:
+            ranked.append(Candidate(choice, cfg, est))
+        else:
+            refused.append(Candidate(choice, cfg, est, f"does not fit: {si(est.memory.total, 'B')} per rank of "
+                                                       f"{si(hw.memory_bytes, 'B')}"))
+    ranked.sort(key=lambda c: (c.step_time_s, c.estimate.memory.total))
+    return Plan(inputs, hw, efficiency, tuple(ranked), tuple(refused))
+
+
+# -- onto the local pool --------------------------------------------------------------------------------------
+LAYOUT_FIELDS = ("dp", "tp", "pp", "schedule", "micro_batches", "stages_per_rank", "zero",
+                 "activation_checkpointing", "precision")
+"""What a planned layout carries to the local pool; the model, batch, sequence and optimizer stay the local ones."""
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """A planned layout made to run on the local pool, and every change that took."""
+
+    config: Config
+    changes: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line for the UI, e.g. "dp 8→1, pp 4→2, tp 2 kept; zero 3→0 (no dp ranks to shard across)"."""
+        return "; ".join(self.changes)
+
+
+def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
+    """`layout`'s parallel settings on `world` local ranks, for `onto`'s model, batch and training settings.
+
+    Degrees: tp is kept as far as `world` and the local model allow, then pp, and dp takes the ranks left (so dp
+    shrinks first). Then whatever the new degrees need: ZeRO off without dp ranks, enough micro-batches for the
+    schedule, a batch the dp·micro-batch split divides, a sequence tp divides. Refuses (ConfigError) only when no
+    layout of those axes fits the local world.
+    """
+    model = onto.model
+    chunks = lambda pp, sched, spr: pp * (spr if pp > 1 and sched == "interleaved_1f1b" else 1)  # noqa: E731
+    tp = max(d for d in divisors(world) if d <= layout.tp and model.n_heads % d == 0 and model.kv_heads % d == 0
+             and model.hidden_dim % d == 0)
+    schedule, spr = layout.schedule, layout.stages_per_rank
+    pp = max(d for d in divisors(world // tp) if d <= layout.pp and model.n_layers % chunks(d, schedule, spr) == 0)
+    dp = world // (tp * pp)
+    changes = [f"{axis} {old}→{new}" if old != new else f"{axis} {old} kept"
+               for axis, old, new in (("dp", layout.dp, dp), ("pp", layout.pp, pp), ("tp", layout.tp, tp))]
+    zero, micro = layout.zero, layout.micro_batches
+    if zero and dp == 1:
+        changes.append(f"zero {zero}→0 (no dp ranks to shard across)")
+        zero = 0
+    if zero == 1 and tp > 1:
+        changes.append("zero 1→2 (ZeroRedundancyOptimizer cannot update tensor-parallel parameters)")
+        zero = 2
+    if pp > 1 and micro < pp:
+        changes.append(f"micro_batches {micro}→{pp} (the schedule needs ≥ pp)")
+        micro = pp
+    if pp > 1 and schedule == "interleaved_1f1b" and micro % pp:
+        new = -(-micro // pp) * pp
+        changes.append(f"micro_batches {micro}→{new} (a multiple of pp for interleaved)")
+        micro = new
+    batch = onto.batch_size
+    if batch % (dp * micro):
+        new = -(-batch // (dp * micro)) * dp * micro
+        changes.append(f"batch_size {batch}→{new} (divisible by dp·micro_batches)")
+        batch = new
+    seq = onto.seq_len
+    if tp > 1 and seq % tp:
+        new = seq - seq % tp
+        changes.append(f"seq_len {seq}→{new} (a multiple of tp)")
+        seq = new
+    settings = {f: getattr(layout, f) for f in LAYOUT_FIELDS}
+    settings.update(dp=dp, tp=tp, pp=pp, zero=zero, micro_batches=micro)
+    cfg = dataclasses.replace(onto, batch_size=batch, seq_len=seq, **settings)
+    return Scaled(cfg, tuple(changes))
