@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from workbench.ui.controls import Controls
+from workbench.ui.plan_panel import PlanPanel
 from workbench.ui.plots import LivePlots, Ticker
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ class Dashboard(widgets.VBox):
         self.store = bench.store
         self.controls = Controls(bench)
         self.plots = LivePlots(self.store, bench.pool.world_size)
-        super().__init__([widgets.HTML(_HEADER), self.controls.widget, self.plots.widget],
+        self.planner = PlanPanel(bench, self.controls)
+        planning = widgets.Accordion([self.planner.widget], titles=("Plan a large run",), selected_index=None)
+        super().__init__([widgets.HTML(_HEADER), self.controls.widget, self.plots.widget, planning],
                          layout=widgets.Layout(width="100%"))
         self.add_class("workbench-dashboard")  # a handle for browser tests and user CSS
         previous = _live.get(bench)

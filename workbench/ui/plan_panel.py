@@ -1,0 +1,135 @@
+"""The plan panel: the estimator's best layouts for a large run, and a button that tries one on the local pool.
+
+It draws what `wb.plan` and `plan.scale_layout` return; it computes nothing itself.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+
+from workbench.config import PRESETS, Config
+from workbench.hardware import DATASHEETS
+from workbench.plan import Plan, Scaled, plan, scale_layout
+
+if TYPE_CHECKING:
+    from workbench.ui.controls import Controls
+    from workbench.workbench import Workbench
+
+_LABEL = {"description_width": "initial"}
+_HELP = ("<div style='font-size:13px'>Rank every layout of a model on many GPUs by the estimator's predicted step "
+         "time (only layouts whose busiest rank fits the device's memory). <b>Apply locally</b> tries the chosen "
+         "layout on this notebook's ranks and model: the degrees shrink dp first, then pp, then tp, and every "
+         "change is listed before you apply.</div>")
+
+
+class PlanPanel:
+    """Inputs for `wb.plan`, its top layouts as a table, and the chosen one applied (scaled) to the local pool."""
+
+    def __init__(self, bench: "Workbench", controls: "Controls | None" = None, *, model: str = "8b",
+                 hardware: str = "h100", gpus: int = 64, global_batch: int = 256, seq_len: int = 4096,
+                 top: int = 8) -> None:
+        self.bench, self.controls, self.top = bench, controls, top
+        self.plan: Plan | None = None
+        small = dict(style=_LABEL, layout=widgets.Layout(width="170px"))
+        self.model = widgets.Dropdown(description="model", options=list(PRESETS), value=model, **small)
+        self.hardware = widgets.Dropdown(description="hardware", options=list(DATASHEETS), value=hardware, **small)
+        self.gpus = widgets.BoundedIntText(description="GPUs", value=gpus, min=1, max=65536, **small)
+        self.global_batch = widgets.BoundedIntText(description="global batch", value=global_batch, min=1,
+                                                   max=1 << 20, **small)
+        self.seq_len = widgets.BoundedIntText(description="seq_len", value=seq_len, min=1, max=1 << 20, **small)
+        self.precision = widgets.Dropdown(description="precision", options=["bf16", "fp16", "fp32"], value="bf16",
+                                          **small)
+        self.plan_button = widgets.Button(description="Plan", button_style="primary")
+        self.table = widgets.HTML()
+        self.choice = widgets.Dropdown(description="layout", options=[], style=_LABEL,
+                                       layout=widgets.Layout(width="420px"))
+        self.scaling = widgets.HTML()
+        self.apply_button = widgets.Button(description="Apply locally", disabled=True)
+        self.status = widgets.HTML()
+        self.plan_button.on_click(lambda _b: self.run_plan())
+        self.apply_button.on_click(lambda _b: self.apply())
+        self.choice.observe(lambda _c: self._show_scaling(), names="value")
+        self.widget = widgets.VBox([
+            widgets.HTML(_HELP),
+            widgets.HBox([self.model, self.hardware, self.gpus]),
+            widgets.HBox([self.global_batch, self.seq_len, self.precision, self.plan_button]),
+            self.table, widgets.HBox([self.choice, self.apply_button]), self.scaling, self.status])
+
+    def run_plan(self) -> Plan | None:
+        try:
+            self.plan = plan(self.model.value, self.hardware.value, self.gpus.value, self.global_batch.value,
+                             seq_len=self.seq_len.value, precision=self.precision.value)
+        except Exception as e:  # noqa: BLE001 - shown inline: a bad input must not leave a traceback in the cell
+            self.plan = None
+            self.table.value, self.status.value = "", _line(False, str(e))
+            self.choice.options, self.apply_button.disabled = [], True
+            return None
+        self.table.value = _table(self.plan, self.top)
+        candidates = self.plan.top(self.top)
+        self.choice.options = [(f"#{i} {c.config.layout}", i - 1) for i, c in enumerate(candidates, 1)]
+        self.choice.value = 0 if candidates else None
+        self.apply_button.disabled = not candidates
+        self._show_scaling()
+        return self.plan
+
+    def scaled(self) -> Scaled | None:
+        """The chosen layout on this pool's ranks and the notebook's model (from `plan.scale_layout`)."""
+        if self.plan is None or self.choice.value is None:
+            return None
+        chosen = self.plan.top(self.top)[self.choice.value].config
+        onto = self.bench.config or Config()
+        return scale_layout(chosen, self.bench.pool.world_size, onto)
+
+    def _show_scaling(self) -> None:
+        try:
+            scaled = self.scaled()
+        except Exception as e:  # noqa: BLE001 - e.g. the local model admits none of the layout's axes
+            self.scaling.value, self.apply_button.disabled = _line(False, f"cannot run here: {e}"), True
+            return
+        if scaled is None:
+            self.scaling.value = ""
+            return
+        self.apply_button.disabled = False
+        self.scaling.value = (f"<div style='font-size:13px'>On these {self.bench.pool.world_size} ranks with the "
+                              f"notebook's model: <b>{html.escape(scaled.config.layout)}</b> — "
+                              f"{html.escape(scaled.describe())}</div>")
+
+    def apply(self) -> Any:
+        """Apply the scaled layout: through the dashboard's controls when there are some (their status shows it)."""
+        scaled = self.scaled()
+        if scaled is None:
+            return None
+        if self.controls is not None:
+            self.controls.set_config(scaled.config)
+            self.controls.validate()
+            self.status.value = _line(True, f"sent {scaled.config.layout} to the controls; see their status")
+            return self.controls.apply()
+        try:
+            info = self.bench.apply(scaled.config)
+        except Exception as e:  # noqa: BLE001 - shown inline
+            self.status.value = _line(False, str(e))
+            return None
+        self.status.value = _line(True, f"applied {scaled.config.layout}")
+        return info
+
+
+def _table(p: Plan, top: int) -> str:
+    rows = p.rows(top)
+    summary = ", ".join(f"{k}: {v}" for k, v in p.refusal_summary().items())
+    foot = (f"<div style='font-size:12px'>{len(p.ranked)} of {len(p.ranked) + len(p.refused)} layouts fit; refused "
+            f"— {html.escape(summary) or 'none'}. Predicted at {p.efficiency:.0%} of {html.escape(p.hardware.name)} "
+            "peak (the estimator's stated efficiency).</div>")
+    if not rows:
+        return "<b>no layout fits</b>" + foot
+    head = "".join(f"<th style='padding:2px 6px'>{html.escape(k)}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td style='padding:2px 6px'>{html.escape(v)}</td>" for v in r.values())
+                   + "</tr>" for r in rows)
+    return f"<table style='font-size:12px;border-collapse:collapse'><tr>{head}</tr>{body}</table>{foot}"
+
+
+def _line(ok: bool, text: str) -> str:
+    color = "#2a7" if ok else "#c33"
+    return f"<div style='color:{color};font-size:13px'>{html.escape(text)}</div>"
