@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import tomllib
 
 import pytest
@@ -56,6 +57,8 @@ def test_export_writes_every_file_and_the_scripts_launch_the_layout(tmp_path):
         assert line in sbatch
     assert "srun" in sbatch and "--node-rank=$SLURM_NODEID" in sbatch and "--rdzv-endpoint=$HEAD_NODE" in sbatch
     assert "--rdzv-id" not in run  # a single job's rendezvous needs no id beyond the endpoint
+    for script in ("run.sh", "run.sbatch"):
+        subprocess.run(["bash", "-n", str(tmp_path / "run" / script)], check=True)  # the shell parses it
 
 
 def test_a_launch_that_does_not_fill_the_layout_is_refused(tmp_path):
