@@ -75,6 +75,9 @@ def test_the_accelerate_yaml_is_read_by_accelerate_itself(tmp_path):
     parsed = config_args.ClusterConfig.from_yaml_file(out.files["accelerate"])
     assert parsed.num_processes == 4 and parsed.num_machines == 2
     assert str(parsed.distributed_type).endswith("MULTI_GPU") and str(parsed.mixed_precision).endswith("bf16")
+    # fp32 is accelerate's "no", quoted: a bare no is YAML's false, which accelerate's launcher cannot read.
+    out = ex.export(wb.Config(dp=2), tmp_path / "fp32", device="cpu")
+    assert config_args.ClusterConfig.from_yaml_file(out.files["accelerate"]).mixed_precision == "no"
 
 
 def test_the_torchtitan_toml_states_the_layout_and_what_it_cannot():

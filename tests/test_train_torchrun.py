@@ -106,3 +106,19 @@ def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_pa
     # The JSONL makes the page bench.report() makes: both ranks' steps, the layout from config.json.
     page = report_from_metrics(run / "metrics.jsonl", tmp_path / "run.html", run / "config.json").read_text()
     assert "dp2·zero2" in page and "<th>steps trained</th><td>4</td>" in page
+
+
+def test_accelerate_launch_runs_the_exported_config(tmp_path):
+    accelerate = Path(sys.executable).with_name("accelerate")
+    if not accelerate.exists():
+        import pytest
+
+        pytest.skip("accelerate is not installed")
+    run = tmp_path / "run"
+    export(wb.Config(dp=2, seed=3), run, Launch(nnodes=1, nproc_per_node=2, device="cpu", steps=1, port=_free_port()))
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    done = subprocess.run([str(accelerate), "launch", "--config_file", "accelerate.yaml", "-m", "workbench.train",
+                           "config.json", "--steps", "1", "--device", "cpu"], cwd=run, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dp2 on 2 rank(s)" in done.stdout and sorted(_losses(run / "metrics.jsonl")) == [0]

@@ -145,16 +145,18 @@ def accelerate_config(cfg: Config, launch: Launch) -> str:
     """accelerate.yaml: `accelerate launch --config_file accelerate.yaml -m workbench.train config.json` on each node.
 
     accelerate is only the launcher here: the layout (dp/tp/pp, ZeRO, recompute) comes from config.json, which the
-    workbench's own engine applies, so the YAML asks for plain multi-process launching.
+    workbench's own engine applies, so the YAML asks for plain multi-process launching: MULTI_GPU, accelerate's
+    torchrun-based launcher, whatever the device (its MULTI_CPU starts more than one process only through mpirun;
+    the ranks use gloo on CPU because workbench.train is told `--device cpu`).
     """
-    kind = "MULTI_GPU" if launch.device == "cuda" else "MULTI_CPU"
-    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[cfg.precision]
+    mixed = {"fp32": "'no'", "bf16": "bf16", "fp16": "fp16"}[cfg.precision]  # a bare no is YAML's false
     return f"""# {cfg.layout}: {cfg.world_size} ranks as {launch.nnodes} node(s) x {launch.nproc_per_node}.
 # On node i: accelerate launch --config_file accelerate.yaml --machine_rank i --main_process_ip NODE0 \\
 #     {" ".join(train_arguments(launch))}
-# The parallel layout and precision are applied by the workbench from config.json, not by accelerate's plugins.
+# The parallel layout and precision are applied by the workbench from config.json, not by accelerate's plugins;
+# MULTI_GPU is accelerate's torchrun launcher (on CPU too: the ranks take --device {launch.device}).
 compute_environment: LOCAL_MACHINE
-distributed_type: {kind}
+distributed_type: MULTI_GPU
 num_machines: {launch.nnodes}
 num_processes: {launch.world_size}
 machine_rank: 0
@@ -163,7 +165,7 @@ main_process_port: {launch.port}
 rdzv_backend: c10d
 same_network: true
 mixed_precision: {mixed}
-use_cpu: {"true" if launch.device == "cpu" else "false"}
+use_cpu: false
 gpu_ids: all
 downcast_bf16: 'no'
 main_training_function: main
