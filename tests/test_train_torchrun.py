@@ -122,3 +122,25 @@ def test_accelerate_launch_runs_the_exported_config(tmp_path):
                           text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dp2 on 2 rank(s)" in done.stdout and sorted(_losses(run / "metrics.jsonl")) == [0]
+
+
+def test_sigterm_stops_at_a_step_boundary_and_saves(tmp_path):
+    # One process without a launcher (a FileStore world of 1), as a Slurm time limit's warning would find it.
+    cfg_path = wb.Config(seed=3).save(tmp_path / "config.json")
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.train", str(cfg_path), "--steps", "100000", "--save-to",
+                             str(tmp_path / "ckpt"), "--save-every", "100000", "--metrics",
+                             str(tmp_path / "m.jsonl"), "--device", "cpu"],
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step      2"):
+                proc.terminate()
+                break
+        out = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0, out
+    finally:
+        proc.kill()
+    steps = sorted(_losses(tmp_path / "m.jsonl"))
+    assert 3 <= len(steps) < 100 and steps == list(range(len(steps)))
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [f"step-{len(steps):06d}"]
