@@ -28,10 +28,6 @@ WB_API const char* wb_cuda_error_string(int error);
 WB_API int wb_cuda_device_count(int* count);
 WB_API int wb_cuda_mem_info(int device, size_t* free_bytes, size_t* total_bytes);
 
-// cudaLaunchHostFunc: run fn(data) on the host once `stream` reaches this
-// point. The recording backend uses it to stamp NCCL collectives.
-WB_API int wb_cuda_launch_host_func(void* stream, void (*fn)(void*), void* data);
-
 // A stamper times spans of GPU work with CUDA events and reports them on the
 // host's monotonic clock (ns, same as time.monotonic_ns()).
 typedef struct wb_stamper wb_stamper;
