@@ -216,3 +216,75 @@ def test_overlap_from_resolved_intervals_matches_the_arithmetic():
     assert comm_s == pytest.approx(18e-3, abs=1e-6)
     assert exposed_s == pytest.approx(6e-3, abs=1e-6)
     assert overlap == pytest.approx(12 / 18, abs=1e-4)
+
+
+# --- the probe's GPU clock, with the CUDA library replaced by the simulated GPU -------------------------
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """A CudaStepClock whose marks go to FakeGpu: stream 7 is "current"; each mark lands at the fake `now`."""
+    torch = pytest.importorskip("torch")
+    from workbench.telemetry import cuda, cuda_step, native
+
+    gpu = FakeGpu()
+    gpu.issue_at = gpu.now_host  # host time the GPU will reach the next mark (tests move it)
+    agains: list[tuple[int, int]] = []
+
+    def mark(device, stream):
+        assert (device, stream) == (0, 7)
+        return gpu.mark(gpu.issue_at)
+
+    def mark_again(mid, stream):
+        agains.append((mid, stream))
+        gpu.marks[mid] = gpu.issue_at + gpu.offset
+
+    backend: list[MarkedSpan] = []
+    monkeypatch.setattr(cuda, "mark", mark)
+    monkeypatch.setattr(cuda, "mark_again", mark_again)
+    monkeypatch.setattr(cuda, "read_marks", gpu.read)
+    monkeypatch.setattr(cuda, "release_marks", gpu.release)
+    monkeypatch.setattr(native, "drain_marked", lambda: [backend.pop(0) for _ in range(len(backend))])
+    monkeypatch.setattr(cuda_step.CudaStepClock, "_stream", lambda self: 7)
+    clock = cuda_step.CudaStepClock(torch.device("cuda", 0))
+    return clock, gpu, backend, agains
+
+
+def test_the_probe_clock_marks_compute_and_resolves_it_with_the_backends_collectives(fake_clock):
+    clock, gpu, backend, agains = fake_clock
+    t0 = gpu.now_host
+    backend.append(gpu.span("all_reduce", t0 - 50 * MS, t0 - 40 * MS))  # between steps: not this step's
+    clock.begin_step()
+    assert gpu.marks == {}  # released
+    gpu.issue_at = t0 + 1 * MS
+    with clock.span("forward"):
+        gpu.issue_at = t0 + 10 * MS
+    token = clock.begin("compute", "backward")
+    for k in range(3):  # three gradients; the mark rolls to the last
+        gpu.issue_at = t0 + (12 + 2 * k) * MS
+        clock.roll()
+    backend.append(gpu.span("all_reduce", t0 + 13 * MS, t0 + 19 * MS, queue="nccl:0", stream="nccl"))
+    gpu.issue_at = t0 + 30 * MS  # the stream waits for the last bucket after backward: not compute
+    clock.end(token, clock.take_rolling())
+    gpu.now_host = t0 + 31 * MS
+    ivs = {iv.name: iv for iv in clock.finish()}
+    assert sorted(ivs) == ["all_reduce", "backward", "forward"]
+    assert (ivs["forward"].start_ns, ivs["forward"].end_ns) == pytest.approx((t0 + MS, t0 + 10 * MS), abs=100)
+    assert (ivs["backward"].start_ns, ivs["backward"].end_ns) == pytest.approx((t0 + 10 * MS, t0 + 16 * MS), abs=100)
+    assert ivs["backward"].stream == "cuda:compute" and ivs["all_reduce"].stream == "nccl"
+    assert len(agains) == 2 and gpu.marks == {} and clock.timeline.pending == 0
+
+
+def test_the_probe_clock_carries_late_spans_and_frees_an_unused_rolling_mark(fake_clock):
+    clock, gpu, backend, _ = fake_clock
+    t0 = gpu.now_host
+    clock.begin_step()
+    gpu.issue_at = t0 + 1 * MS
+    with clock.span("optimizer"):
+        gpu.issue_at = t0 + 50 * MS  # not reached at step end
+    assert clock.finish() == [] and clock.timeline.pending == 1
+    clock.roll()  # a gradient hook outside any backward (user code): its mark must not leak
+    clock.begin_step()
+    gpu.now_host = t0 + 60 * MS
+    (iv,) = clock.finish()  # the late span is reported once the GPU has passed it
+    assert iv.name == "optimizer" and gpu.marks == {}
