@@ -81,6 +81,11 @@ fi
 if [[ -z "${CUDA_HOME:-}" && ! -x "$(command -v nvcc || true)" && -x /usr/local/cuda/bin/nvcc ]]; then
   export CUDA_HOME=/usr/local/cuda
 fi
+if [[ $DEVICE == cuda ]] && ! "$PY" -c 'from workbench.telemetry import cuda; import sys; sys.exit(cuda.nvcc() is None)'; then
+  echo "nvcc not found (neither \$CUDA_HOME/bin/nvcc nor on PATH): the CUDA telemetry library is built with it."
+  echo "Install the CUDA toolkit (e.g. apt-get install cuda-nvcc-12-8) or set CUDA_HOME."
+  exit 2
+fi
 run build 120 "$PY" -m workbench.telemetry.native --build
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 echo "device: $DEVICE, GPUs: $GPUS"

@@ -79,7 +79,8 @@ def test_compute_spans_are_the_gpu_time_between_their_marks(gpu):
         early = clock.finish()  # never waits: the GPU is still spinning
         returned_in = time.perf_counter() - t0
         torch.cuda.synchronize(gpu)
-    assert returned_in < 0.005 and early == []
+    # Nothing resolved yet, and finish did not wait for the 50 ms of GPU work queued (a generous bound on that).
+    assert early == [] and returned_in < 0.025
     ivs = {iv.name: iv for iv in clock.finish()}
     kernels = sorted((s, e) for name, _, s, e in device_activities(prof) if "spin_kernel" in name)
     assert len(kernels) == 2

@@ -288,3 +288,14 @@ def test_the_probe_clock_carries_late_spans_and_frees_an_unused_rolling_mark(fak
     gpu.now_host = t0 + 60 * MS
     (iv,) = clock.finish()  # the late span is reported once the GPU has passed it
     assert iv.name == "optimizer" and gpu.marks == {}
+
+
+def test_a_span_whose_body_raises_releases_its_mark_and_reports_nothing(fake_clock):
+    clock, gpu, _, _ = fake_clock
+    clock.begin_step()
+    clock.roll()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with clock.span("forward"):
+            raise RuntimeError("CUDA out of memory")
+    gpu.now_host += 10 * MS
+    assert clock.finish() == [] and gpu.marks == {}

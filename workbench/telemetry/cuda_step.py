@@ -51,13 +51,21 @@ class CudaStepClock:
         end = self.mark() if end_mark is None else end_mark
         self.spans.append(MarkedSpan(kind, name, start, end, stream="cuda:compute"))
 
+    def cancel(self, token: int) -> None:
+        """Forget an open span (its body raised): its start mark is released, nothing is reported."""
+        _, _, start = self._open.pop(token)
+        cuda.release_marks([start])
+        self.drop_rolling()
+
     @contextlib.contextmanager
     def span(self, name: str, kind: IntervalKind = "compute") -> Iterator[None]:
         token = self.begin(kind, name)
         try:
             yield
-        finally:
-            self.end(token)
+        except BaseException:
+            self.cancel(token)
+            raise
+        self.end(token)
 
     def roll(self) -> None:
         """Move the rolling mark to now on the current stream (one event, re-recorded: the latest wins)."""
@@ -71,13 +79,17 @@ class CudaStepClock:
         mark, self._rolling = self._rolling, None
         return mark
 
+    def drop_rolling(self) -> None:
+        """Release the rolling mark, if any (moved outside a backward the probe watched)."""
+        if self._rolling is not None:
+            cuda.release_marks([self._rolling])
+            self._rolling = None
+
     def begin_step(self) -> None:
         """Marks left from between steps (a checkpoint, user code) belong to no step: released."""
         self.timeline.discard(native.drain_marked())
         self.timeline.discard(self.spans)
-        if self._rolling is not None:
-            cuda.release_marks([self._rolling])
-            self._rolling = None
+        self.drop_rolling()
         self.spans = []
 
     def finish(self) -> list[Interval]:

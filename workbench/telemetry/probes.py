@@ -307,9 +307,13 @@ class StepProbe(NullProbe):
         # The end of forward: what ZeRO-2 keeps gathered (and ZeRO-3 has freed) until backward.
         self._params_peak = max(self._params_peak, parameter_bytes(self.trainer.modules))
         if self.gpu is not None:
+            self.gpu.drop_rolling()  # a stray roll before backward (user code) would end it too early
             token = self.gpu.begin("compute", "backward")
-            self.gpu.take_rolling()  # a stray roll before backward (none expected) would end it too early
-            yield
+            try:
+                yield
+            except BaseException:
+                self.gpu.cancel(token)
+                raise
             # The last gradient's mark, not a mark now: the stream may already be waiting for DDP's last bucket.
             self.gpu.end(token, self.gpu.take_rolling())
             return
