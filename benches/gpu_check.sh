@@ -116,7 +116,8 @@ mfu=$(grep -oE 'MFU_RATIO=[0-9.]+' "$LOG_DIR/mfu.log" 2>/dev/null | cut -d= -f2 
 ratio=$(grep -oE 'TELEMETRY_RATIO=[0-9.]+' "$LOG_DIR/telemetry.log" 2>/dev/null | cut -d= -f2 || true)
 verdict() { awk -v x="$1" -v t="$2" -v op="$3" 'BEGIN { ok = (op == ">=") ? (x >= t) : (x <= t); print ok ? "met" : "NOT met" }'; }
 if [[ -n "$mfu" ]]; then
-  echo "  MFU ($DEVICE; 1b bf16 on one GPU): $mfu of the datasheet peak (target >= 0.50: $(verdict "$mfu" 0.50 '>='))"
+  [[ $DEVICE == cuda ]] && what="1b bf16 on one GPU, of the datasheet peak" || what="tiny on CPU, of the measured peak"
+  echo "  MFU ($what): $mfu (target >= 0.50: $(verdict "$mfu" 0.50 '>='))"
 else
   echo "  MFU: no figure"
 fi
