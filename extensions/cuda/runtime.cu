@@ -1,5 +1,4 @@
-// Small runtime-API services: the host-function launcher the recording
-// backend stamps NCCL collectives with, device memory counters, errors.
+// Small runtime-API services: device memory counters, errors.
 
 #include <cuda_runtime.h>
 
@@ -37,10 +36,6 @@ int wb_cuda_mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
     cudaSetDevice(previous);
   }
   return err;
-}
-
-int wb_cuda_launch_host_func(void* stream, void (*fn)(void*), void* data) {
-  return cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, data);
 }
 
 } // extern "C"

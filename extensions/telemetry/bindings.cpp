@@ -64,7 +64,10 @@ py::list drain(wbt::Recorder& r) {
         x.bytes,
         x.group_size,
         x.stream,
-        x.group);
+        x.group,
+        x.start_mark,
+        x.end_mark,
+        x.queue);
   }
   return out;
 }
@@ -125,11 +128,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return dynamic_cast<wbt::RecordingBackend*>(b.get()) != nullptr;
   });
   m.def(
-      "set_host_func_launcher",
-      [](uintptr_t address) {
-        wbt::set_host_func_launcher(reinterpret_cast<wbt::HostFuncLauncher>(address));
+      "set_cuda_marker",
+      [](uintptr_t mark, uintptr_t release) {
+        wbt::set_cuda_marker(
+            reinterpret_cast<wbt::CudaMarker>(mark), reinterpret_cast<wbt::CudaMarkRelease>(release));
       },
-      py::arg("address"));
-  m.def("has_host_func_launcher", &wbt::has_host_func_launcher);
+      py::arg("mark"),
+      py::arg("release"));
+  m.def("has_cuda_marker", &wbt::has_cuda_marker);
   m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
 }

@@ -12,52 +12,36 @@ namespace wbt {
 
 namespace {
 
-std::atomic<HostFuncLauncher> g_launcher{nullptr};
+std::atomic<CudaMarker> g_marker{nullptr};
+std::atomic<CudaMarkRelease> g_release{nullptr};
 std::atomic<uint64_t> g_unstamped{0};
 
-void* current_stream(const at::Device& device) {
+uintptr_t current_stream(const at::Device& device) {
   c10::impl::VirtualGuardImpl impl(device.type());
-  return impl.getStream(device).native_handle();
+  return reinterpret_cast<uintptr_t>(impl.getStream(device).native_handle());
+}
+
+void release_mark(int64_t mark) {
+  const CudaMarkRelease release = g_release.load();
+  if (release != nullptr && mark > 0) {
+    release(&mark, 1);
+  }
 }
 
 } // namespace
 
 struct CudaStamp {
   std::shared_ptr<Recorder> recorder;
-  Record record;
-  // Written by the driver's callback thread, read by the end callback, which
-  // the stream order runs strictly later; atomic to say so.
-  std::atomic<int64_t> start_ns{0};
-  // Where the start was enqueued: the only stream on which freeing is
-  // ordered after it.
-  void* start_stream = nullptr;
+  int64_t start_mark = 0;
 };
 
-namespace {
-
-void on_cuda_start(void* p) {
-  static_cast<CudaStamp*>(p)->start_ns.store(now_ns());
+void set_cuda_marker(CudaMarker mark, CudaMarkRelease release) {
+  g_release.store(release);
+  g_marker.store(mark);
 }
 
-void on_cuda_end(void* p) {
-  std::unique_ptr<CudaStamp> s(static_cast<CudaStamp*>(p));
-  s->record.end_ns = now_ns();
-  s->record.start_ns = s->start_ns.load();
-  s->recorder->add(std::move(s->record));
-}
-
-void on_cuda_discard(void* p) {
-  delete static_cast<CudaStamp*>(p);
-}
-
-} // namespace
-
-void set_host_func_launcher(HostFuncLauncher launcher) {
-  g_launcher.store(launcher);
-}
-
-bool has_host_func_launcher() {
-  return g_launcher.load() != nullptr;
+bool has_cuda_marker() {
+  return g_marker.load() != nullptr;
 }
 
 uint64_t unstamped_cuda_ops() {
@@ -104,19 +88,13 @@ c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
 CudaStamp* cuda_begin(
     const at::Device& device,
     std::shared_ptr<Recorder> recorder) {
-  const HostFuncLauncher launch = g_launcher.load();
-  if (launch == nullptr) {
+  const CudaMarker mark = g_marker.load();
+  const int64_t id = mark == nullptr ? 0 : mark(device.index(), current_stream(device));
+  if (id <= 0) {
     ++g_unstamped;
     return nullptr;
   }
-  auto* s = new CudaStamp{std::move(recorder), Record{}, {}};
-  s->start_stream = current_stream(device);
-  if (launch(s->start_stream, on_cuda_start, s) != 0) {
-    delete s; // not enqueued, so nothing will touch it
-    ++g_unstamped;
-    return nullptr;
-  }
-  return s;
+  return new CudaStamp{std::move(recorder), id};
 }
 
 c10::intrusive_ptr<c10d::Work> cuda_end(
@@ -124,6 +102,7 @@ c10::intrusive_ptr<c10d::Work> cuda_end(
     CudaStamp* stamp,
     Record record,
     const at::Device& device) {
+  std::unique_ptr<CudaStamp> owned(stamp);
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   try {
     fut = work ? work->getFuture() : nullptr;
@@ -131,31 +110,33 @@ c10::intrusive_ptr<c10d::Work> cuda_end(
   }
   if (!fut) {
     ++g_unstamped;
-    cuda_discard(stamp);
+    release_mark(owned->start_mark);
     return work;
   }
-  stamp->record = std::move(record);
-  const HostFuncLauncher launch = g_launcher.load();
-  // uses_future=true: the callback then runs with the current stream made
-  // to wait for the collective's completion events, which is the point.
+  record.start_mark = owned->start_mark;
+  // uses_future=true: the callback runs with a pool stream made current and
+  // made to wait for the collective's completion events, which is the point.
+  // It captures no Work (a future owning its Work back would never be freed).
   fut->addCallback(
-      [stamp, launch, device](c10::ivalue::Future& f) {
-        if (f.hasError() ||
-            launch(current_stream(device), on_cuda_end, stamp) != 0) {
+      [stamp = owned.release(), record = std::move(record), device](c10::ivalue::Future& f) mutable {
+        std::unique_ptr<CudaStamp> s(stamp);
+        const CudaMarker mark = g_marker.load();
+        const int64_t end = (f.hasError() || mark == nullptr) ? 0 : mark(device.index(), current_stream(device));
+        if (end <= 0) {
           ++g_unstamped;
-          cuda_discard(stamp);
+          release_mark(s->start_mark);
+          return;
         }
+        record.end_mark = end;
+        s->recorder->add(std::move(record));
       },
       /*uses_future=*/true);
   return work;
 }
 
 void cuda_discard(CudaStamp* stamp) {
-  // The start host function may still be queued: free behind it on its
-  // stream, never here. If even that cannot be enqueued, leaking is the only
-  // safe choice left.
-  const HostFuncLauncher launch = g_launcher.load();
-  (void)launch(stamp->start_stream, on_cuda_discard, stamp);
+  std::unique_ptr<CudaStamp> owned(stamp);
+  release_mark(owned->start_mark);
 }
 
 } // namespace wbt

@@ -9,12 +9,17 @@
 // send/recv and reduce_scatter, which complete inside wait()) are stamped as
 // wait() returns.
 //
-// CUDA (NCCL): a Work's future completes when the kernel is *enqueued*, so
-// its callback time means nothing; instead the callback (which runs with the
-// current stream made to wait for the collective) enqueues a host function on
-// that stream, and the CUDA driver runs it when the collective is done. The
-// start is a host function enqueued on the caller's stream just before the
-// collective, which NCCL's stream waits for.
+// CUDA (NCCL): nothing is stamped on the host. A start *mark* (a CUDA event)
+// is recorded on the caller's current stream just before the collective is
+// issued: NCCL's stream waits for that stream, so the kernel cannot start
+// earlier (Python's resolver also orders it after the group's previous
+// collective: workbench/telemetry/gpu_timeline.py). The end mark is recorded
+// in a callback on the Work's future: a CUDA future runs its callbacks with a
+// stream from torch's pool made current and made to wait for the
+// collective's completion events (recorded on the stream NCCL ran it on), so
+// an event recorded there completes when the collective has. A Work's future
+// completes when the kernel is *enqueued*, so this costs no wait. The record
+// goes to the recorder at once with both marks; Python reads them at step end.
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -24,14 +29,15 @@
 
 namespace wbt {
 
-// cudaLaunchHostFunc's shape; returns a cudaError_t (0 = success). Supplied
-// at run time by the nvcc-built library so this extension links no CUDA.
-using HostFuncLauncher = int (*)(void* stream, void (*fn)(void*), void* data);
-void set_host_func_launcher(HostFuncLauncher launcher);
-bool has_host_func_launcher();
+// wb_mark and wb_marks_release of the nvcc-built library (wb_cuda.h),
+// supplied by address at run time so this extension links no CUDA.
+using CudaMarker = int64_t (*)(int device, uintptr_t stream);
+using CudaMarkRelease = int (*)(const int64_t* ids, int n);
+void set_cuda_marker(CudaMarker mark, CudaMarkRelease release);
+bool has_cuda_marker();
 
-// CUDA collectives that could not be timed (no launcher, or launching
-// failed): counted here, never recorded with host-side guesses.
+// CUDA collectives that could not be timed (no marker, a mark failed, the
+// collective failed): counted here, never recorded with host-side guesses.
 uint64_t unstamped_cuda_ops();
 
 c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
@@ -41,19 +47,19 @@ c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
 
 struct CudaStamp;
 
-// Enqueues the start stamp on `device`'s current stream; nullptr when it
+// Records the start mark on `device`'s current stream; nullptr when it
 // cannot (then nothing is recorded for this collective).
 CudaStamp* cuda_begin(const at::Device& device, std::shared_ptr<Recorder> recorder);
 
-// Arranges for `record` to be stamped and stored when `work` is done on the
-// GPU. Takes ownership of `stamp`.
+// Records the end mark behind `work` and stores `record` with both marks.
+// Takes ownership of `stamp`.
 c10::intrusive_ptr<c10d::Work> cuda_end(
     c10::intrusive_ptr<c10d::Work> work,
     CudaStamp* stamp,
     Record record,
     const at::Device& device);
 
-// Frees `stamp` once its start stamp has run (the issue failed).
+// Frees `stamp` and its start mark (the issue failed).
 void cuda_discard(CudaStamp* stamp);
 
 } // namespace wbt

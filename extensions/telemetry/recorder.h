@@ -28,6 +28,12 @@ struct Record {
   int64_t group_size = 1;
   std::string stream;
   std::string group;
+  // CUDA collectives: the two marks (CUDA events, extensions/cuda/marks.cu)
+  // that time it, resolved into start/end later in Python; 0 = host-stamped.
+  int64_t start_mark = 0;
+  int64_t end_mark = 0;
+  // Spans of one queue ran one after another on one stream (the group's).
+  std::string queue;
 };
 
 class Recorder {

@@ -86,6 +86,8 @@ Record RecordingBackend::new_record(
   // what a reader wants to see; the uid is the fallback.
   const auto& desc = getGroupDesc();
   r.group = (desc.empty() || desc == "undefined") ? getGroupUid() : desc;
+  // The group's collectives queue on one NCCL stream: the uid is unique.
+  r.queue = r.stream + ":" + getGroupUid();
   return r;
 }
 

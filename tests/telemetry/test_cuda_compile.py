@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -35,6 +36,55 @@ def test_compiles_and_exports_its_interface(fresh_library):
     lib = ctypes.CDLL(str(fresh_library))
     assert lib.wb_cuda_abi_version() == cuda.ABI_VERSION
     cuda._declare(lib)  # every declared function must exist in the build
+
+
+def test_every_cu_file_is_compiled_and_every_exported_function_is_declared():
+    sources = sorted(p.name for p in cuda.SOURCE_DIR.glob("*.cu"))
+    assert {"marks.cu", "runtime.cu", "spin.cu", "stamps.cu"} <= set(sources)
+    cmd = cuda.compile_command(cuda.SOURCE_DIR / "unused.so") if cuda.nvcc() else []
+    if cmd:
+        assert sorted(os.path.basename(a) for a in cmd if a.endswith(".cu")) == sources
+    header = (cuda.SOURCE_DIR / "wb_cuda.h").read_text()
+    exported = set(re.findall(r"^WB_API [^(]*?\b(wb_\w+)\(", header, flags=re.M))
+    assert exported == set(cuda._signatures()), "wb_cuda.h and cuda._signatures() disagree"
+
+
+def test_the_mark_reading_struct_matches_ctypes(tmp_path):
+    # Compiled and run on the host (no CUDA call, so no GPU needed): the layout Python reads is the C one.
+    if cuda.nvcc() is None:
+        pytest.skip("nvcc not found")
+    src = tmp_path / "layout.cu"
+    src.write_text(
+        '#include <stdio.h>\n#include <stddef.h>\n#include "wb_cuda.h"\n'
+        'int main() { printf("%zu %zu %zu %zu %zu %zu", sizeof(wb_mark_reading), offsetof(wb_mark_reading, mark),'
+        ' offsetof(wb_mark_reading, state), offsetof(wb_mark_reading, error),'
+        ' offsetof(wb_mark_reading, anchor_ns), offsetof(wb_mark_reading, elapsed_ms)); return 0; }\n')
+    exe = tmp_path / "layout"
+    done = subprocess.run([cuda.nvcc(), f"-I{cuda.SOURCE_DIR}", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.split()]
+    r = cuda._MarkReading
+    assert got == [ctypes.sizeof(r), r.mark.offset, r.state.offset, r.error.offset, r.anchor_ns.offset,
+                   r.elapsed_ms.offset]
+
+
+def test_marks_without_a_usable_gpu(fresh_library):
+    try:
+        if cuda.device_count() > 0:
+            pytest.skip("a GPU is present; the gpu-marked tests cover it")
+    except cuda.CudaError:
+        pass
+    # Unknown marks read as such (no CUDA call is needed for them); recording one fails with a readable error.
+    readings = cuda.read_marks([7, 8])
+    assert [readings[m].state for m in (7, 8)] == ["unknown", "unknown"]
+    cuda.release_marks([7])
+    assert cuda.live_marks() == 0
+    with pytest.raises(cuda.CudaError, match="CUDA error"):
+        cuda.mark(0, 0)
+    assert cuda.live_marks() == 0
+    mark_fn, release_fn = cuda.marker_addresses()
+    assert mark_fn and release_fn and mark_fn != release_fn
 
 
 def test_without_a_usable_gpu_errors_are_clean(fresh_library):
@@ -104,6 +154,7 @@ def test_nccl_collectives_are_stamped_on_the_gpu(gpu):
     if not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL")
     from workbench.telemetry import comm, native
+    from workbench.telemetry.gpu_timeline import GpuTimeline
 
     comm.register()
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,16 +165,19 @@ def test_nccl_collectives_are_stamped_on_the_gpu(gpu):
             dist.all_reduce(x)
             torch.cuda.synchronize()
             time.sleep(0.05)
-            native.drain()
+            timeline = GpuTimeline(cuda.read_marks, cuda.release_marks)
+            timeline.discard(native.drain_marked())
             issued = time.monotonic_ns()
             cuda.spin(torch.cuda.current_stream().cuda_stream, 30_000_000)
             dist.all_reduce(x)  # queued behind 30 ms of GPU work
             torch.cuda.synchronize()
-            time.sleep(0.05)  # the end stamp is a host function run by the driver
-            (iv,) = native.drain()
+            assert native.drain() == []  # nothing host-stamped: CUDA collectives carry marks
+            timeline.add(native.drain_marked())
+            (iv,) = timeline.resolve()
         finally:
             dist.destroy_process_group()
     assert (iv.name, iv.bytes, iv.stream) == ("all_reduce", 4 * MiB, "nccl")
     # GPU-side start: after the spin kernel, not when Python issued the call.
     assert iv.start_ns - issued >= 29_000_000
+    assert iv.end_ns > iv.start_ns
     assert native.load().unstamped_cuda_ops() == 0

@@ -3,9 +3,10 @@
 ``register()`` makes ``init_process_group(backend="workbench")`` (and every
 sub-group: ``new_group``, DeviceMesh) build a C++ backend that wraps gloo
 for CPU tensors and NCCL for CUDA tensors, forwards each operation unchanged,
-and records one span per collective into the rank's recorder: start when it
-is issued, end in a native completion callback, payload bytes as nccl-tests
-counts them. Nothing in Python is patched, so DDP's C++ reducer, FSDP2,
+and records one span per collective into the rank's recorder: on CPU start
+when it is issued and end in a native completion callback; on CUDA two CUDA
+event marks on the streams, resolved at step end (``gpu_timeline``); payload
+bytes as nccl-tests counts them. Nothing in Python is patched, so DDP's C++ reducer, FSDP2,
 DTensor and pipeline send/recv are all seen alike.
 
 With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps this backend in its own
@@ -58,9 +59,9 @@ def _create_nccl(opts, pg_options):
 
     from workbench.telemetry import cuda
 
-    # CUDA spans are stamped by host functions on the streams; without the
-    # launcher they would go unrecorded, so refuse to start instead.
-    native.load().set_host_func_launcher(cuda.host_func_launcher_address())
+    # CUDA collectives are timed by CUDA event marks on their streams; without
+    # the marker they would go unrecorded, so this fails here if it cannot load.
+    native.load().set_cuda_marker(*cuda.marker_addresses())
     options = pg_options if isinstance(pg_options, ProcessGroupNCCL.Options) else ProcessGroupNCCL.Options()
     options._timeout = opts.timeout
     options.global_ranks_in_group = opts.global_ranks_in_group

@@ -20,7 +20,7 @@ from workbench.telemetry.events import Interval, IntervalKind
 from workbench.telemetry.native import NativeBuildError, cache_root, mark_used
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "cuda"
-ABI_VERSION = 1
+ABI_VERSION = 2
 # Cubins for A100 and H100/H200, plus PTX for compute 7.5 that the driver
 # compiles for any newer GPU; WORKBENCH_CUDA_ARCHS="80;90" overrides.
 _DEFAULT_GENCODE = [
@@ -111,22 +111,40 @@ class _Span(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int64), ("start_ns", ctypes.c_int64), ("end_ns", ctypes.c_int64)]
 
 
-def _declare(lib: ctypes.CDLL) -> None:
+class _MarkReading(ctypes.Structure):
+    # wb_mark_reading in wb_cuda.h, field for field.
+    _fields_ = [("mark", ctypes.c_int64), ("state", ctypes.c_int32), ("error", ctypes.c_int32),
+                ("anchor_ns", ctypes.c_int64), ("elapsed_ms", ctypes.c_float)]
+
+
+_MARK_STATES = ("done", "pending", "error", "unknown")  # WB_MARK_* in wb_cuda.h
+
+
+def _signatures() -> dict[str, tuple[list, object]]:
+    """``name -> (argtypes, restype)`` of every function wb_cuda.h exports (a test holds the two equal)."""
     c_int, p = ctypes.c_int, ctypes.POINTER
-    sigs = {
+    return {
+        "wb_cuda_abi_version": ([], c_int),
         "wb_cuda_error_string": ([c_int], ctypes.c_char_p),
         "wb_cuda_device_count": ([p(c_int)], c_int),
         "wb_cuda_mem_info": ([c_int, p(ctypes.c_size_t), p(ctypes.c_size_t)], c_int),
-        "wb_cuda_launch_host_func": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], c_int),
         "wb_stamper_create": ([c_int, p(ctypes.c_void_p)], c_int),
         "wb_stamper_destroy": ([ctypes.c_void_p], None),
         "wb_stamper_begin": ([ctypes.c_void_p, ctypes.c_size_t, p(ctypes.c_int64)], c_int),
         "wb_stamper_end": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t], c_int),
         "wb_stamper_drain": ([ctypes.c_void_p, p(_Span), c_int, p(c_int)], c_int),
         "wb_stamper_pending": ([ctypes.c_void_p], c_int),
+        "wb_mark": ([c_int, ctypes.c_size_t], ctypes.c_int64),
+        "wb_mark_again": ([ctypes.c_int64, ctypes.c_size_t], c_int),
+        "wb_marks_read": ([p(ctypes.c_int64), c_int, p(_MarkReading), c_int], c_int),
+        "wb_marks_release": ([p(ctypes.c_int64), c_int], c_int),
+        "wb_marks_live": ([], c_int),
         "wb_cuda_spin": ([ctypes.c_size_t, ctypes.c_int64], c_int),
     }
-    for name, (args, res) in sigs.items():
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, (args, res) in _signatures().items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
 
@@ -151,9 +169,48 @@ def memory(device: int = 0) -> tuple[int, int]:
     return free.value, total.value
 
 
-def host_func_launcher_address() -> int:
-    """Address of the cudaLaunchHostFunc wrapper, for ``native`` to stamp NCCL collectives."""
-    return ctypes.cast(load().wb_cuda_launch_host_func, ctypes.c_void_p).value
+def marker_addresses() -> tuple[int, int]:
+    """Addresses of ``wb_mark`` and ``wb_marks_release``, for the recording backend to mark NCCL collectives."""
+    lib = load()
+    return (ctypes.cast(lib.wb_mark, ctypes.c_void_p).value,
+            ctypes.cast(lib.wb_marks_release, ctypes.c_void_p).value)
+
+
+def mark(device: int, stream: int) -> int:
+    """Record a mark (a CUDA event) on ``stream`` of ``device`` now; returns its id."""
+    mid = load().wb_mark(device, stream)
+    if mid <= 0:
+        _check(-mid, f"recording a mark on stream {stream:#x}")
+    return mid
+
+
+def mark_again(mark_id: int, stream: int) -> None:
+    """Re-record a mark on ``stream``: it now stands for this later point (e.g. the latest gradient)."""
+    _check(load().wb_mark_again(mark_id, stream), f"re-recording mark {mark_id}")
+
+
+def read_marks(ids: list[int]) -> dict:
+    """Readings (``gpu_timeline.MarkReading``) of ``ids`` now, never waiting; done and failed marks are released."""
+    from workbench.telemetry.gpu_timeline import MarkReading
+
+    n = len(ids)
+    if n == 0:
+        return {}
+    arr, out = (ctypes.c_int64 * n)(*ids), (_MarkReading * n)()
+    _check(load().wb_marks_read(arr, n, out, 1), "reading marks")
+    return {r.mark: MarkReading(r.mark, _MARK_STATES[r.state], anchor_ns=r.anchor_ns,
+                                elapsed_ms=r.elapsed_ms, error=r.error) for r in out}
+
+
+def release_marks(ids: list[int]) -> None:
+    """Forget marks (their spans were dropped); unknown ids are ignored."""
+    if ids:
+        load().wb_marks_release((ctypes.c_int64 * len(ids))(*ids), len(ids))
+
+
+def live_marks() -> int:
+    """Marks recorded and not yet read done or released (a leak shows here)."""
+    return load().wb_marks_live()
 
 
 def spin(stream: int, ns: int) -> None:

@@ -83,3 +83,7 @@ class StepMetrics:
     """Every timed span of the step on this rank."""
     pipeline_actions: tuple[tuple[int, int, str, int, int], ...] = ()
     """(stage, micro-batch, "F"|"B", start_ns, end_ns) of each pipeline action this rank ran."""
+    device_memory: dict[str, int] = field(default_factory=dict)
+    """On CUDA, at the end of the step: "device_used"/"device_total" from cudaMemGetInfo (every process on the
+    GPU, read by the compiled CUDA library) beside torch's allocator: "allocated", "reserved",
+    "peak_allocated"; empty on CPU."""

@@ -215,9 +215,42 @@ def span(kind: IntervalKind, name: str, stream: str = "main") -> Iterator[None]:
         rec.end(token)
 
 
+# Drained from the recorder but not yet taken: host-stamped spans (drain) and CUDA collectives with marks
+# (drain_marked), each in the order the recorder gave them.
+_host: list[Interval] = []
+_marked: list = []
+
+
+def _pull() -> None:
+    for row in recorder().drain():
+        if row[8]:  # start_mark: a CUDA collective timed by CUDA events, resolved later
+            from workbench.telemetry.gpu_timeline import MarkedSpan
+
+            kind, name, _, _, nbytes, group_size, stream, group, start_mark, end_mark, queue = row
+            _marked.append(MarkedSpan(kind, name, start_mark, end_mark, bytes=nbytes, group_size=group_size,
+                                      stream=stream, group=group, queue=queue))
+        else:
+            _host.append(Interval(*row[:8]))
+
+
 def drain() -> list[Interval]:
-    """Every finished span since the last drain, in the order they ended."""
-    return [Interval(*row) for row in recorder().drain()]
+    """Every finished host-stamped span since the last drain, in the order they ended.
+
+    CUDA collectives carry CUDA event marks instead of host times; they are set
+    aside for :func:`drain_marked` (``gpu_timeline`` resolves them).
+    """
+    _pull()
+    taken = list(_host)
+    _host.clear()
+    return taken
+
+
+def drain_marked() -> list:
+    """CUDA collectives recorded with marks since the last call (``gpu_timeline.MarkedSpan``), in issue order."""
+    _pull()
+    taken = list(_marked)
+    _marked.clear()
+    return taken
 
 
 # --- interval arithmetic (ns; the Python twin is workbench.telemetry.analysis) ----

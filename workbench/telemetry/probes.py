@@ -262,16 +262,33 @@ class StepProbe(NullProbe):
             inner.register_step_post_hook(self._optimizer_ends)
         if trainer.pipeline is not None:
             trainer.pipeline.on_action = self._pipeline_action
+        # On a GPU, compute spans are CUDA event marks on the compute stream, resolved at step end with the
+        # backend's marks of each collective (cuda_step); host clocks would time the launches, not the work.
+        self.gpu = None
+        if self.device.type == "cuda":
+            from workbench.telemetry.cuda_step import CudaStepClock
+
+            self.gpu = CudaStepClock(self.device)
+        self._optimizer_token = 0
         native.recorder().set_enabled(True)
 
     # -- hooks --------------------------------------------------------------------------------------
     def _grad_ready(self, _param: torch.Tensor) -> None:
+        if self.gpu is not None:
+            self.gpu.roll()  # runs on the stream autograd computed this gradient on
+            return
         self._last_grad_ns = self.native.now_ns()
 
     def _optimizer_begins(self, *_: Any) -> None:
+        if self.gpu is not None:
+            self._optimizer_token = self.gpu.begin("compute", "optimizer")
+            return
         self._optimizer_start = self.native.now_ns()
 
     def _optimizer_ends(self, *_: Any) -> None:
+        if self.gpu is not None:
+            self.gpu.end(self._optimizer_token)
+            return
         self.spans.append(Interval("compute", "optimizer", self._optimizer_start, self.native.now_ns()))
 
     def _pipeline_action(self, kind: str, stage: int, microbatch: int, start_ns: int, end_ns: int) -> None:
@@ -281,12 +298,25 @@ class StepProbe(NullProbe):
 
     # -- the trainer's calls ------------------------------------------------------------------------
     def span(self, name: str) -> contextlib.AbstractContextManager:
+        if self.gpu is not None:
+            return self.gpu.span(name)
         return self.native.span("compute", name)
 
     @contextlib.contextmanager
     def backward(self) -> Iterator[None]:
         # The end of forward: what ZeRO-2 keeps gathered (and ZeRO-3 has freed) until backward.
         self._params_peak = max(self._params_peak, parameter_bytes(self.trainer.modules))
+        if self.gpu is not None:
+            self.gpu.drop_rolling()  # a stray roll before backward (user code) would end it too early
+            token = self.gpu.begin("compute", "backward")
+            try:
+                yield
+            except BaseException:
+                self.gpu.cancel(token)
+                raise
+            # The last gradient's mark, not a mark now: the stream may already be waiting for DDP's last bucket.
+            self.gpu.end(token, self.gpu.take_rolling())
+            return
         start = self.native.now_ns()
         yield
         end = self._last_grad_ns if self._last_grad_ns > start else self.native.now_ns()
@@ -297,6 +327,8 @@ class StepProbe(NullProbe):
 
     def begin_step(self) -> None:
         self.native.drain()  # spans from between steps (a checkpoint, user code) belong to no step
+        if self.gpu is not None:
+            self.gpu.begin_step()
         self.spans, self.actions = [], []
         self._params_peak = 0
         self.meter.reset_peak()
@@ -307,7 +339,8 @@ class StepProbe(NullProbe):
                                 "process": process_bytes(self.device)}
 
     def finish(self, metrics: StepMetrics) -> StepMetrics:
-        intervals = tuple(sorted([*self.native.drain(), *self.spans], key=lambda iv: iv.start_ns))
+        gpu_spans = self.gpu.finish() if self.gpu is not None else []
+        intervals = tuple(sorted([*self.native.drain(), *self.spans, *gpu_spans], key=lambda iv: iv.start_ns))
         comm_s, exposed_s, overlap = self.native.step_summary(intervals)
         modules = self.trainer.modules
         current = {
@@ -330,7 +363,14 @@ class StepProbe(NullProbe):
         return dataclasses.replace(metrics, memory=current, peak_memory=peak, comm_time_s=comm_s,
                                    exposed_comm_s=exposed_s, overlap=overlap, flops=self.flops, mfu=mfu,
                                    mfu_basis=self.peak_source, intervals=intervals,
-                                   pipeline_actions=tuple(self.actions))
+                                   pipeline_actions=tuple(self.actions), device_memory=self._device_memory())
+
+    def _device_memory(self) -> dict[str, int]:
+        if self.device.type != "cuda":
+            return {}
+        from workbench.telemetry.cuda_step import device_memory
+
+        return device_memory(self.device)
 
 
 def dist_world_size() -> int:
