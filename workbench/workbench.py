@@ -15,7 +15,7 @@ from typing import Any
 
 from workbench import checkpoints
 from workbench.config import Config, ConfigError
-from workbench.pool import Handle, Pool
+from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, TelemetryStore
 
@@ -147,12 +147,53 @@ class Workbench:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, path: str | Path, *, keep: int | None = None) -> Path:
-        """Save model, optimizer, loss scale, data position, RNG states and Config as `path`/step-N."""
-        return checkpoints.save(self, path, keep=keep)
+        """Save model, optimizer, loss scale, data position, RNG states and Config as `path`/step-N.
+
+        keep=K: delete all but the K latest complete checkpoints under `path` afterwards.
+        """
+        checkpoints.check_options(keep=keep)
+        if self.config is None:
+            raise RuntimeError("nothing to save: call bench.apply(wb.Config(...)) first")
+        self._require_idle("save")
+        directory = checkpoints.writable_directory(path)
+        from workbench.engine import session
+
+        # The nonce names the save's temporary directory, the same on every rank.
+        return Path(self._run_checkpoint_command(session.save, str(directory), keep, secrets.token_hex(4)))
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it)."""
-        return checkpoints.load(self, path)
+        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it).
+
+        Without a model yet, the saved Config is applied first. Anything wrong with
+        the checkpoint is found before the current model is touched.
+        """
+        self._require_idle("load a checkpoint")
+        checkpoint_dir = checkpoints.resolve(path)
+        manifest = checkpoints.verify(checkpoint_dir)
+        if self.config is None:
+            saved = checkpoints.config_from_json(manifest["config"])
+            if saved.world_size != self.pool.world_size:
+                raise checkpoints.CheckpointError(
+                    f"{checkpoint_dir} was saved by {manifest['layout']} ({saved.world_size} ranks); this Workbench "
+                    f"has {self.pool.world_size}: call bench.apply(cfg) with a layout for these ranks first, then load")
+            self.apply(saved)
+            # The layout took effect where the checkpoint resumes, not at step 0.
+            self.store.clear()
+            self.store.add_layout_change(manifest["next_step"], saved)
+        from workbench.engine import session
+
+        info = self._run_checkpoint_command(session.load, str(checkpoint_dir), checkpoints.resume_state(manifest))
+        self.store.truncate(manifest["next_step"])  # the steps after the checkpoint will run again
+        return {"path": checkpoint_dir, "step": manifest["next_step"], "saved_layout": manifest["layout"], **info}
+
+    def _run_checkpoint_command(self, fn: Any, *args: Any) -> Any:
+        """Run a checkpoint command on every rank; a CheckpointError raised there is raised here as itself."""
+        try:
+            return self.pool.run(fn, *args)[0]
+        except RemoteError as e:
+            if e.exc_type == "CheckpointError":
+                raise checkpoints.CheckpointError(e.remote_message) from e
+            raise
 
     # -- see ---------------------------------------------------------------------------------------
     def dashboard(self, refresh_s: float = 0.3):
