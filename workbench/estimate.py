@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from workbench.config import Config, ModelConfig
-from workbench.engine.parallel.schedule_grid import rank_orders
+from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
@@ -258,28 +258,14 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
     peak = hw.peak(cfg.precision) * efficiency
-    plans = [_StagePlan(cfg, rank, layers) for rank, layers in enumerate(_stage_layers(cfg))]
+    plans = [_StagePlan(cfg, rank, layers) for rank, layers in enumerate(rank_layers(cfg))]
     # Every stage advances in lockstep with the slowest one; the bubble adds (pp-1)/v idle micro-batch slots.
     slowest_mb_s = max(p.flops for p in plans) / peak / cfg.micro_batches
-    compute_s = slowest_mb_s * (cfg.micro_batches + (cfg.pp - 1) / _chunks(cfg))
+    compute_s = slowest_mb_s * (cfg.micro_batches + (cfg.pp - 1) / config_stages(cfg))
     stages = tuple(p.finish(hw, peak, compute_s) for p in plans)
     model_flops = flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
     return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=stages, model_flops=model_flops,
                     compute_s=compute_s)
-
-
-def _chunks(cfg: Config) -> int:
-    """Model chunks per pipeline rank: stages_per_rank for the interleaved schedule, else one."""
-    return cfg.stages_per_rank if cfg.pp > 1 and cfg.schedule == "interleaved_1f1b" else 1
-
-
-def _stage_layers(cfg: Config) -> list[tuple[int, ...]]:
-    """The global block indices each pipeline rank holds; interleaved ranks hold every pp-th chunk."""
-    chunks = _chunks(cfg)
-    per_chunk = cfg.model.n_layers // (cfg.pp * chunks)
-    return [tuple(i for c in range(chunks) for i in range((c * cfg.pp + rank) * per_chunk,
-                                                            (c * cfg.pp + rank + 1) * per_chunk))
-            for rank in range(cfg.pp)]
 
 
 def _ceil_div(a: float, b: int) -> int:
@@ -293,7 +279,7 @@ class _StagePlan:
         m, tp = cfg.model, cfg.tp
         self.cfg, self.rank, self.layers = cfg, rank, layers
         self.first, self.last = self.rank == 0, self.rank == cfg.pp - 1
-        self.chunks = _chunks(cfg)
+        self.chunks = config_stages(cfg)
         # Global indices of the pipeline stages this rank holds (loop placement), and of the model's last one.
         self.stages = tuple(c * cfg.pp + rank for c in range(self.chunks))
         self.last_stage = cfg.pp * self.chunks - 1

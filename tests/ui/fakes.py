@@ -12,12 +12,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from workbench.engine.parallel.schedule_grid import Action
 from workbench.telemetry.events import Interval, StepMetrics
 
 
 def step_metrics(rank: int, step: int, *, layout: str = "dp2", telemetry: bool = True, loss: float | None = None,
-                 skipped: bool = False, actions: list[tuple[str, int, int]] = ()) -> StepMetrics:
-    """One synthetic step; `actions` are pipeline intervals as (name, start_ms, end_ms), e.g. ("F0.1", 0, 2)."""
+                 skipped: bool = False, actions: list[tuple[Action, int, int]] = ()) -> StepMetrics:
+    """One synthetic step; `actions` are pipeline actions as (action, start_ms, end_ms), reported as the probes
+    report them: a compute interval named like torch's actions ("1F0") and a `pipeline_actions` entry."""
     base = 1_000_000_000 + step * 20_000_000
     intervals: tuple[Interval, ...] = ()
     extra: dict[str, Any] = {}
@@ -29,8 +31,10 @@ def step_metrics(rank: int, step: int, *, layout: str = "dp2", telemetry: bool =
                               group="mesh_dp"),
                      Interval("wait", "all_reduce", base + 6 * ms, base + 7 * ms),
                      Interval("compute", "optimizer", base + 7 * ms, base + 8 * ms))
-        intervals += tuple(Interval("compute", name, base + a * ms, base + b * ms) for name, a, b in actions)
-        extra = dict(memory={"parameters": 3_600_000 + rank, "gradients": 3_600_000, "optimizer": 7_200_000,
+        intervals += tuple(Interval("compute", str(action), base + a * ms, base + b * ms) for action, a, b in actions)
+        extra["pipeline_actions"] = tuple((action.stage, action.microbatch, action.kind, base + a * ms, base + b * ms)
+                                          for action, a, b in actions)
+        extra |= dict(memory={"parameters": 3_600_000 + rank, "gradients": 3_600_000, "optimizer": 7_200_000,
                              "activations": 0, "other": 100_000},
                      peak_memory={"parameters": 3_600_000, "gradients": 3_600_000, "optimizer": 7_200_000,
                                   "activations": 20_000_000 + rank, "other": 100_000},
