@@ -283,3 +283,16 @@ class Config:
 def divisors(n: int) -> list[int]:
     """The divisors of n, ascending: the degrees that split n evenly (offered in errors and in the controls)."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def checkpointed_blocks(block_indices: list[int], mode: Recompute) -> list[int]:
+    """Which of the given global block indices recompute their activations under `mode`.
+
+    The one rule, used by the engine (which blocks it wraps) and the estimator (what they keep).
+    """
+    if mode == "full":
+        return list(block_indices)
+    if mode == "selective":
+        # By global index, so a pipeline split recomputes the same blocks as the whole model.
+        return [i for i in block_indices if i % 2 == 0]
+    return []

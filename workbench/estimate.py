@@ -11,10 +11,10 @@ bf16/fp16 through autocast. Everything else assumed is listed in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
-from workbench.config import Config, ModelConfig
+from workbench.config import Config, ModelConfig, checkpointed_blocks
 from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
@@ -222,7 +222,7 @@ class Estimate:
             f"at seq_len {cfg.seq_len}; {cfg.tokens_per_step:,} tokens/step",
             f"memory per rank{where}",
         ]
-        for name in ("parameters", "gradients", "optimizer", "buffers", "activations", "other"):
+        for name in (f.name for f in fields(Memory)):
             lines.append(f"  {name:<12} {si(getattr(mem, name), 'B'):>10}")
         verdict = "fits" if self.fits else "DOES NOT FIT"
         lines.append(f"  {'total':<12} {si(mem.total, 'B'):>10}  of {si(hw.memory_bytes, 'B')}: {verdict}")
@@ -404,11 +404,8 @@ class _StagePlan:
         )
 
     def _checkpointed(self, layers: tuple[int, ...]) -> int:
-        """How many of `layers` recompute their activations ('selective': those of even global index)."""
-        mode = self.cfg.activation_checkpointing
-        if mode == "selective":
-            return sum(i % 2 == 0 for i in layers)
-        return len(layers) if mode == "full" else 0
+        """How many of `layers` recompute their activations."""
+        return len(checkpointed_blocks(list(layers), self.cfg.activation_checkpointing))
 
     def _residual(self) -> int:
         """One micro-batch's fp32 residual stream, sequence-sharded under tp: what a checkpointed block keeps, and

@@ -31,10 +31,9 @@ from workbench.engine.parallel.schedule_grid import (
     ideal_bubble_fraction,
     measured_bubble,
 )
-from workbench.telemetry.events import Interval, StepMetrics
+from workbench.telemetry.events import MEMORY_CATEGORIES, Interval, StepMetrics
 from workbench.telemetry.store import Snapshot, TelemetryStore
 
-MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other")
 MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#BAB0AC")))
 COMPUTE_COLORS = {"forward": "#4C78A8", "backward": "#72B7B2", "optimizer": "#54A24B", "F": "#4C78A8", "B": "#72B7B2"}
 COMM_COLORS = {"all_reduce": "#E45756", "all_gather": "#F58518", "reduce_scatter": "#B279A2", "all_to_all": "#FF9DA6",
