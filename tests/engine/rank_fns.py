@@ -29,7 +29,7 @@ from workbench.config import Config
 from workbench.engine.mesh import build_mesh
 from workbench.engine.model import build_model, loss_fn
 from workbench.engine.precision import DTYPES
-from workbench.engine.state import export_full_state, import_full_state
+from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 

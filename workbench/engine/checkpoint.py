@@ -56,7 +56,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
-from workbench.engine.state import bare_name
+from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
 
 if TYPE_CHECKING:
@@ -118,23 +118,12 @@ def state_dict(trainer: Trainer) -> dict[str, Any]:
 
 def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     if isinstance(opt, ZeroRedundancyOptimizer):
-        return _flatten(module, opt.optim)
+        return flat_optimizer_state(module, opt.optim)
     if not opt.state:
         # Before the first step: torch would create the state with a zero-gradient step, and its step
         # counter of 1 would change AdamW's bias correction after a load. Saving none is exact.
         return {}
     return get_optimizer_state_dict(module, opt, options=OPTIONS)
-
-
-def _flatten(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """torch's flat optimizer format for the parameters `opt` holds (a ZeRO-1 rank: its partition)."""
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
-    flat: dict[str, Any] = {}
-    for group in opt.param_groups:
-        for param in group["params"]:
-            for key, value in opt.state.get(param, {}).items():
-                flat[f"state.{names[param]}.{key}"] = value
-    return flat
 
 
 def _manifest(trainer: Trainer, next_step: int, files: dict[str, str]) -> dict[str, Any]:
@@ -233,7 +222,7 @@ def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer,
     """Flat targets for the state of the parameters this rank's optimizer updates, with its current hyperparameters
     (torch's flat format wants them beside the state)."""
     inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    names = param_names(module)
     flat: dict[str, Any] = {}
     missing = []
     for group in inner.param_groups:
@@ -260,7 +249,7 @@ def _set_optimizer(module: nn.Module, opt: torch.optim.Optimizer, flat: dict[str
     if inner is opt:
         set_optimizer_state_dict(module, opt, flat, options=OPTIONS)
         return
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    names = param_names(module)
     for group in inner.param_groups:  # ZeRO-1: this rank's partition
         for param in group["params"]:
             prefix = f"state.{names[param]}."

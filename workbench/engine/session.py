@@ -20,7 +20,7 @@ from workbench.config import Config
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh, mesh_layout
-from workbench.engine.state import export_full_state, import_full_state
+from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 from workbench.telemetry.events import StepMetrics
