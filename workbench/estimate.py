@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from workbench.config import Config, ModelConfig, checkpointed_blocks
-from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders
+from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders, stages_of_rank
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
@@ -281,7 +281,7 @@ class _StagePlan:
         self.first, self.last = self.rank == 0, self.rank == cfg.pp - 1
         self.chunks = config_stages(cfg)
         # Global indices of the pipeline stages this rank holds (loop placement), and of the model's last one.
-        self.stages = tuple(c * cfg.pp + rank for c in range(self.chunks))
+        self.stages = tuple(stages_of_rank(rank, cfg.pp, self.chunks))
         self.last_stage = cfg.pp * self.chunks - 1
         # Stage boundaries this rank crosses per micro-batch: an input from the stage before (all but stage 0) and
         # a gradient from the stage after (all but the last), each received and, by the neighbour, sent.
