@@ -26,12 +26,6 @@ REPEATS = 3
 CASES = {"tiny": dict(steps=40, every=10), "small": dict(steps=12, every=4)}
 
 
-def drop_session() -> None:
-    from workbench.pool import rank
-
-    rank.state.pop("session", None)
-
-
 def timed(fn, *args, **kwargs) -> float:
     t0 = time.perf_counter()
     fn(*args, **kwargs)
@@ -44,7 +38,9 @@ def size_mb(path: Path) -> float:
 
 def measure(bench: wb.Workbench, preset: str, steps: int, every: int, scratch: Path) -> dict[str, float]:
     cfg = wb.Config(model=wb.ModelConfig.preset(preset), dp=2, batch_size=8, seq_len=128)
-    bench.pool.run(drop_session)
+    from workbench.engine import session
+
+    bench.pool.run(session.drop)
     bench.apply(cfg)
     bench.train(2).wait()  # the optimizer state exists from here on: every save holds it
     plain, with_saves = [], []

@@ -36,7 +36,9 @@ def probe_costs() -> dict[str, float]:
     from workbench.pool import rank
     from workbench.telemetry import native, probes
 
-    trainer = rank.state["session"].trainer
+    from workbench.engine.session import current
+
+    trainer = current().trainer
     modules, optimizers = trainer.modules, trainer.optimizers
 
     def per_call(fn, n=200):

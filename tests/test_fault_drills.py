@@ -19,6 +19,7 @@ import torch
 
 import workbench as wb
 from workbench.config import Config
+from workbench.engine.session import current, drop
 from workbench.pool import rank
 
 # Workbenches run with telemetry=False: these tests are about training state, not measurements.
@@ -29,18 +30,14 @@ STRAIGHT = 110
 
 
 # -- on the ranks ---------------------------------------------------------------------------------------
-def drop_session() -> None:
-    rank.state.pop("session", None)
-
-
 def params_checksum() -> float:
-    trainer = rank.state["session"].trainer
+    trainer = current().trainer
     return float(sum((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum()
                      for m in trainer.modules for p in m.parameters()))
 
 
 def counters() -> tuple[int, int]:
-    trainer = rank.state["session"].trainer
+    trainer = current().trainer
     return trainer.steps_done, trainer.skipped_steps
 
 
@@ -92,7 +89,7 @@ def arm(victim: int, fault: str, ballast_mb: int = 0) -> None:
     its synced gradients."""
     if rank.get_rank() != victim:
         return
-    trainer = rank.state["session"].trainer
+    trainer = current().trainer
     if fault == "oom":
         def out_of_memory(optimizers):
             del trainer.precision.unscale  # once: the class's method is back
@@ -122,7 +119,7 @@ def _fresh(bench: wb.Workbench, cfg: Config = CFG) -> None:
     """A healthy pool and the model at its seed, as a new run."""
     if bench.pool.broken:
         bench.pool.restart()
-    bench.pool.run(drop_session)
+    bench.pool.run(drop)
     bench.apply(cfg)  # a new model (the session was dropped): the store starts empty
 
 

@@ -5,29 +5,17 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 import workbench as wb
+from tests.engine.rank_fns import reference_run
 from workbench.engine.data import TokenData
-from workbench.engine.model import build_model, loss_fn
 
 BASE = wb.Config(batch_size=8, seq_len=64)
 
 
 def reference_losses(cfg: wb.Config, steps: int) -> list[float]:
     """One process, the whole batch, plain AdamW: what every layout must reproduce."""
-    model = build_model(cfg.model, cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    data = TokenData.for_config(cfg)
-    losses = []
-    for step in range(steps):
-        tokens = data.global_batch(step)
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return reference_run(cfg, steps, TokenData.for_config(cfg))["losses"]
 
 
 @pytest.fixture

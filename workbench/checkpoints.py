@@ -16,9 +16,10 @@ as a checkpoint only under its final name, with a COMMIT that matches its
 manifest; `load("ckpt/")` takes the highest step among those and checks every
 file's digest before a rank reads it.
 
-This module is pure (no torch): the notebook uses it to pick and verify a
-checkpoint, rank 0 to commit one. The Workbench methods at the bottom are the
-notebook's entry points.
+This module is the on-disk format only, pure (no torch, no processes): the
+notebook uses it to check save options and to pick and verify a checkpoint,
+rank 0 to commit one. The shards themselves are `workbench.engine.checkpoint`'s
+(DCP); `Workbench.save/load` send the session's `save`/`load` commands.
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.config import Config, ModelConfig
-
-if TYPE_CHECKING:
-    from workbench.workbench import Workbench
 
 FORMAT = 1
 """Bumped when the layout or the manifest's meaning changes; older formats are refused, not misread."""
@@ -225,45 +223,7 @@ def config_from_json(data: dict[str, Any]) -> Config:
     return Config(**{**data, "model": ModelConfig(**data["model"])})
 
 
-# -- the Workbench's methods ----------------------------------------------------------------------------
-def save(bench: Workbench, path: str | Path, *, keep: int | None = None) -> Path:
-    """Save the model, optimizer, loss scale, data position, RNG states and Config under `path`/step-N."""
-    check_options(keep=keep)
-    if bench.config is None:
-        raise RuntimeError("nothing to save: call bench.apply(wb.Config(...)) first")
-    bench._require_idle("save")
-    directory = writable_directory(path)
-    from workbench.engine import checkpoint
-
-    return Path(_remote(bench, checkpoint.save, str(directory), keep, secrets.token_hex(4)))
-
-
-def load(bench: Workbench, path: str | Path) -> dict[str, Any]:
-    """Load the latest complete checkpoint under `path` into the current layout (any layout may have saved it).
-
-    Without a model yet, the saved Config is applied first. Anything wrong with
-    the checkpoint is found before the current model is touched.
-    """
-    bench._require_idle("load a checkpoint")
-    checkpoint_dir = resolve(path)
-    manifest = verify(checkpoint_dir)
-    if bench.config is None:
-        saved = config_from_json(manifest["config"])
-        if saved.world_size != bench.pool.world_size:
-            raise CheckpointError(f"{checkpoint_dir} was saved by {manifest['layout']} ({saved.world_size} ranks); "
-                                  f"this Workbench has {bench.pool.world_size}: call bench.apply(cfg) with a layout "
-                                  "for these ranks first, then load")
-        bench.apply(saved)
-        # The layout took effect where the checkpoint resumes, not at step 0.
-        bench.store.clear()
-        bench.store.add_layout_change(manifest["next_step"], saved)
-    from workbench.engine import checkpoint
-
-    info = _remote(bench, checkpoint.load, str(checkpoint_dir), resume_state(manifest))
-    bench.store.truncate(manifest["next_step"])  # the steps after the checkpoint will run again
-    return {"path": checkpoint_dir, "step": manifest["next_step"], "saved_layout": manifest["layout"], **info}
-
-
+# -- save options (checked in the notebook, before any rank is asked) -----------------------------------
 def schedule(save_every: int | None, save_to: str | Path | None, keep: int | None = None) -> SaveSchedule | None:
     """The periodic saves `bench.train(steps, save_every=N, save_to="ckpt/")` asks for; None for none."""
     if save_every is None:
@@ -291,15 +251,3 @@ def resume_state(manifest: dict[str, Any]) -> dict[str, Any]:
     """What a load restores from the manifest beyond the shards: data position, counters, loss scale."""
     keys = ("next_step", "steps_done", "skipped_steps", "scaler")
     return {k: manifest[k] for k in keys}
-
-
-def _remote(bench: Workbench, fn: Any, *args: Any) -> Any:
-    """Run a checkpoint command on every rank; a CheckpointError raised there is raised here as itself."""
-    from workbench.pool import RemoteError
-
-    try:
-        return bench.pool.run(fn, *args)[0]
-    except RemoteError as e:
-        if e.exc_type == "CheckpointError":
-            raise CheckpointError(e.remote_message) from e
-        raise

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from workbench.engine.parallel.schedule_grid import virtual_stages
+
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -196,21 +198,21 @@ class Config:
 
         if m.n_heads % self.tp:
             raise _refuse("tp", f"tp={self.tp} does not divide model.n_heads={m.n_heads}",
-                          f"choose tp among {_divisors(m.n_heads)}")
+                          f"choose tp among {divisors(m.n_heads)}")
         if m.kv_heads % self.tp:
             raise _refuse("tp", f"tp={self.tp} does not divide the key/value heads ({m.kv_heads})",
-                          f"choose tp among {_divisors(m.kv_heads)}")
+                          f"choose tp among {divisors(m.kv_heads)}")
         if m.hidden_dim % self.tp:
             raise _refuse("tp", f"tp={self.tp} does not divide the MLP width ({m.hidden_dim})",
                           "choose a tp dividing model.hidden_dim")
         if self.tp > 1 and self.seq_len % self.tp:
             raise _refuse("seq_len", f"sequence parallel splits seq_len={self.seq_len} across tp={self.tp}",
                           f"make seq_len a multiple of {self.tp}")
-        chunks = self.pp * (self.stages_per_rank if self.pp > 1 and self.schedule == "interleaved_1f1b" else 1)
+        chunks = self.pp * virtual_stages(self.schedule, self.pp, self.stages_per_rank)
         if m.n_layers % chunks:
             what = f"pp={self.pp}" if chunks == self.pp else f"pp·stages_per_rank={chunks}"
             raise _refuse("pp", f"{what} does not divide model.n_layers={m.n_layers}",
-                          f"choose pp (times stages_per_rank for interleaved) among {_divisors(m.n_layers)}")
+                          f"choose pp (times stages_per_rank for interleaved) among {divisors(m.n_layers)}")
         if self.pp > 1 and self.schedule in ("1f1b", "interleaved_1f1b") and self.micro_batches < self.pp:
             raise _refuse("micro_batches", f"{self.schedule} needs at least pp={self.pp} micro-batches, got "
                           f"{self.micro_batches}", f"set micro_batches ≥ {self.pp}")
@@ -343,5 +345,19 @@ def _from_dict(cls: type, data: Any, prefix: str) -> Any:
     return cls(**values)
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending: the degrees that split n evenly (offered in errors and in the controls)."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def checkpointed_blocks(block_indices: list[int], mode: Recompute) -> list[int]:
+    """Which of the given global block indices recompute their activations under `mode`.
+
+    The one rule, used by the engine (which blocks it wraps) and the estimator (what they keep).
+    """
+    if mode == "full":
+        return list(block_indices)
+    if mode == "selective":
+        # By global index, so a pipeline split recomputes the same blocks as the whole model.
+        return [i for i in block_indices if i % 2 == 0]
+    return []

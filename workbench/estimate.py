@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
-from workbench.config import Config, ModelConfig
-from workbench.engine.parallel.schedule_grid import rank_orders
+from workbench.config import Config, ModelConfig, checkpointed_blocks
+from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders, stages_of_rank
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
@@ -256,7 +256,7 @@ class Estimate:
             f"at seq_len {cfg.seq_len}; {cfg.tokens_per_step:,} tokens/step",
             f"memory per rank{where}",
         ]
-        for name in ("parameters", "gradients", "optimizer", "buffers", "activations", "other"):
+        for name in (f.name for f in fields(Memory)):
             lines.append(f"  {name:<12} {si(getattr(mem, name), 'B'):>10}")
         verdict = "fits" if self.fits else "DOES NOT FIT"
         lines.append(f"  {'total':<12} {si(mem.total, 'B'):>10}  of {si(hw.memory_bytes, 'B')}: {verdict}")
@@ -292,10 +292,10 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
     peak = hw.peak(cfg.precision) * efficiency
-    plans = [_StagePlan(cfg, rank, layers) for rank, layers in enumerate(_stage_layers(cfg))]
+    plans = [_StagePlan(cfg, rank, layers) for rank, layers in enumerate(rank_layers(cfg))]
     # Every stage advances in lockstep with the slowest one; the bubble adds (pp-1)/v idle micro-batch slots.
     slowest_mb_s = max(p.flops for p in plans) / peak / cfg.micro_batches
-    compute_s = slowest_mb_s * (cfg.micro_batches + (cfg.pp - 1) / _chunks(cfg))
+    compute_s = slowest_mb_s * (cfg.micro_batches + (cfg.pp - 1) / config_stages(cfg))
     stages = tuple(p.finish(hw, peak, compute_s) for p in plans)
     model_flops = flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
     return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=stages, model_flops=model_flops,
@@ -309,20 +309,6 @@ def _rank_orders(schedule: str, pp: int, micro_batches: int, chunks: int) -> tup
     return tuple(tuple(order) for order in rank_orders(schedule, pp, micro_batches, chunks))
 
 
-def _chunks(cfg: Config) -> int:
-    """Model chunks per pipeline rank: stages_per_rank for the interleaved schedule, else one."""
-    return cfg.stages_per_rank if cfg.pp > 1 and cfg.schedule == "interleaved_1f1b" else 1
-
-
-def _stage_layers(cfg: Config) -> list[tuple[int, ...]]:
-    """The global block indices each pipeline rank holds; interleaved ranks hold every pp-th chunk."""
-    chunks = _chunks(cfg)
-    per_chunk = cfg.model.n_layers // (cfg.pp * chunks)
-    return [tuple(i for c in range(chunks) for i in range((c * cfg.pp + rank) * per_chunk,
-                                                            (c * cfg.pp + rank + 1) * per_chunk))
-            for rank in range(cfg.pp)]
-
-
 def _ceil_div(a: float, b: int) -> int:
     return math.ceil(a / b)
 
@@ -334,9 +320,9 @@ class _StagePlan:
         m, tp = cfg.model, cfg.tp
         self.cfg, self.rank, self.layers = cfg, rank, layers
         self.first, self.last = self.rank == 0, self.rank == cfg.pp - 1
-        self.chunks = _chunks(cfg)
+        self.chunks = config_stages(cfg)
         # Global indices of the pipeline stages this rank holds (loop placement), and of the model's last one.
-        self.stages = tuple(c * cfg.pp + rank for c in range(self.chunks))
+        self.stages = tuple(stages_of_rank(rank, cfg.pp, self.chunks))
         self.last_stage = cfg.pp * self.chunks - 1
         # Stage boundaries this rank crosses per micro-batch: an input from the stage before (all but stage 0) and
         # a gradient from the stage after (all but the last), each received and, by the neighbour, sent.
@@ -460,11 +446,8 @@ class _StagePlan:
         )
 
     def _checkpointed(self, layers: tuple[int, ...]) -> int:
-        """How many of `layers` recompute their activations ('selective': those of even global index)."""
-        mode = self.cfg.activation_checkpointing
-        if mode == "selective":
-            return sum(i % 2 == 0 for i in layers)
-        return len(layers) if mode == "full" else 0
+        """How many of `layers` recompute their activations."""
+        return len(checkpointed_blocks(list(layers), self.cfg.activation_checkpointing))
 
     def _residual(self) -> int:
         """One micro-batch's fp32 residual stream, sequence-sharded under tp: what a checkpointed block keeps, and

@@ -5,7 +5,7 @@
     srun python -m workbench.train run/config.json ...      # one task per rank; MASTER_ADDR/PORT exported
 
 Each process is one rank, exactly as a pool's rank is: it runs the same commands a notebook sends
-(`engine.session.apply`, `session.train`, `engine.checkpoint.save`/`load`), so it builds the same model, trains
+(`engine.session.apply`, `train`, `save`, `load`), so it builds the same model, trains
 it on the same bytes in the same order, and writes checkpoints in the same format. A checkpoint this writes
 opens with a notebook's `bench.load()`, and `--resume` continues from one a notebook's `bench.save()` wrote.
 
@@ -131,7 +131,7 @@ def resume(path: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from workbench import checkpoints
-    from workbench.engine import checkpoint
+    from workbench.engine import session
 
     found = None
     if dist.get_rank() == 0:
@@ -143,15 +143,15 @@ def resume(path: str) -> dict[str, Any]:
     directory, manifest, error = _agreed(found)
     if error is not None:
         raise checkpoints.CheckpointError(error)
-    info = checkpoint.load(directory, checkpoints.resume_state(manifest))
+    info = session.load(directory, checkpoints.resume_state(manifest))
     return {"path": directory, "step": manifest["next_step"], "saved_layout": manifest["layout"], **info}
 
 
 def save(directory: str, keep: int | None, nonce: str) -> Path:
     """Save the session as `directory`/step-N, in the format a notebook's `bench.load()` opens."""
-    from workbench.engine import checkpoint
+    from workbench.engine import session
 
-    return Path(checkpoint.save(directory, keep, nonce))
+    return Path(session.save(directory, keep, nonce))
 
 
 def main(argv: list[str] | None = None) -> int:

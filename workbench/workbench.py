@@ -15,9 +15,56 @@ from typing import Any
 
 from workbench import checkpoints
 from workbench.config import Config, ConfigError
-from workbench.pool import Handle, Pool
+from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, TelemetryStore
+
+
+class RankSession:
+    """The commands a Workbench sends to the session on every rank (`workbench.engine.session`), one method each.
+
+    The one narrow interface between the notebook's facade and the model on the
+    ranks: each method runs its command on every rank and returns rank 0's
+    answer (`train` returns at once, with a handle). Tests of the UI fake this
+    interface instead of the pool.
+    """
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def capabilities(self) -> dict[str, Any]:
+        from workbench.engine import session
+
+        return self.pool.run(session.capabilities)[0]
+
+    def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
+        from workbench.engine import session
+
+        return self.pool.run(session.apply, cfg, corpus, telemetry, fresh)[0]
+
+    def train(self, steps: int, run_id: str, saves: checkpoints.SaveSchedule | None) -> Handle:
+        from workbench.engine import session
+
+        return self.pool.run_async(session.train, steps, run_id, saves)
+
+    def save(self, directory: str, keep: int | None, nonce: str) -> str:
+        from workbench.engine import session
+
+        return self._checkpoint_command(session.save, directory, keep, nonce)
+
+    def load(self, path: str, saved: dict[str, Any]) -> dict[str, Any]:
+        from workbench.engine import session
+
+        return self._checkpoint_command(session.load, path, saved)
+
+    def _checkpoint_command(self, fn: Any, *args: Any) -> Any:
+        """Run a checkpoint command on every rank; a CheckpointError raised there is raised here as itself."""
+        try:
+            return self.pool.run(fn, *args)[0]
+        except RemoteError as e:
+            if e.exc_type == "CheckpointError":
+                raise checkpoints.CheckpointError(e.remote_message) from e
+            raise
 
 
 class Run:
@@ -51,23 +98,27 @@ class Workbench:
     telemetry: measure every step (compute/communication timeline through the compiled recording
     backend, memory by category, MFU); False runs plain gloo/NCCL and reports losses and times only.
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
+    pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
+    ranks (a `RankSession` over `pool` when None).
     """
 
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
-                 pool: Pool | None = None, **pool_kwargs: Any) -> None:
+                 pool: Pool | None = None, session: RankSession | None = None, **pool_kwargs: Any) -> None:
         self.corpus, self.telemetry = corpus, telemetry
         self._owns_pool = pool is None
         if pool is None:
             setup = "workbench.telemetry.comm:register" if telemetry else None
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
         self.pool = pool
+        self.session = RankSession(pool) if session is None else session
+        """The commands this Workbench sends to the model on the ranks."""
         self.config: Config | None = None
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._run: Run | None = None
         self._unsubscribe = self.pool.subscribe(self.store.on_event)
         # Asked now, while the ranks are idle: later a run may hold them, and checking a config must not wait on it.
-        self._capabilities = self._ask_capabilities()
+        self._capabilities = self.session.capabilities()
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -83,11 +134,6 @@ class Workbench:
         """What the ranks' device supports (asked when the ranks start)."""
         return self._capabilities
 
-    def _ask_capabilities(self) -> dict[str, Any]:
-        from workbench.engine import session
-
-        return self.pool.run(session.capabilities)[0]
-
     def apply(self, cfg: Config, *, fresh: bool = False) -> dict[str, Any]:
         """Build the model in `cfg`'s layout, or reshard the trained one into it; training state carries over.
 
@@ -96,9 +142,7 @@ class Workbench:
         """
         self.check(cfg)
         self._require_idle("apply a new layout")
-        from workbench.engine import session
-
-        info = self.pool.run(session.apply, cfg, self.corpus, self.telemetry, fresh)[0]
+        info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
         if not info["resharded"]:
             self.store.clear()  # a new model: its run starts at step 0
         history = self.history
@@ -129,11 +173,9 @@ class Workbench:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
         saves = checkpoints.schedule(save_every, save_to, keep)
-        from workbench.engine import session
-
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
         run_id = secrets.token_hex(8)
-        self._run = Run(self, self.pool.run_async(session.train, steps, run_id, saves), run_id, steps)
+        self._run = Run(self, self.session.train(steps, run_id, saves), run_id, steps)
         return self._run
 
     @property
@@ -147,12 +189,40 @@ class Workbench:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, path: str | Path, *, keep: int | None = None) -> Path:
-        """Save model, optimizer, loss scale, data position, RNG states and Config as `path`/step-N."""
-        return checkpoints.save(self, path, keep=keep)
+        """Save model, optimizer, loss scale, data position, RNG states and Config as `path`/step-N.
+
+        keep=K: delete all but the K latest complete checkpoints under `path` afterwards.
+        """
+        checkpoints.check_options(keep=keep)
+        if self.config is None:
+            raise RuntimeError("nothing to save: call bench.apply(wb.Config(...)) first")
+        self._require_idle("save")
+        directory = checkpoints.writable_directory(path)
+        # The nonce names the save's temporary directory, the same on every rank.
+        return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it)."""
-        return checkpoints.load(self, path)
+        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it).
+
+        Without a model yet, the saved Config is applied first. Anything wrong with
+        the checkpoint is found before the current model is touched.
+        """
+        self._require_idle("load a checkpoint")
+        checkpoint_dir = checkpoints.resolve(path)
+        manifest = checkpoints.verify(checkpoint_dir)
+        if self.config is None:
+            saved = checkpoints.config_from_json(manifest["config"])
+            if saved.world_size != self.pool.world_size:
+                raise checkpoints.CheckpointError(
+                    f"{checkpoint_dir} was saved by {manifest['layout']} ({saved.world_size} ranks); this Workbench "
+                    f"has {self.pool.world_size}: call bench.apply(cfg) with a layout for these ranks first, then load")
+            self.apply(saved)
+            # The layout took effect where the checkpoint resumes, not at step 0.
+            self.store.clear()
+            self.store.add_layout_change(manifest["next_step"], saved)
+        info = self.session.load(str(checkpoint_dir), checkpoints.resume_state(manifest))
+        self.store.truncate(manifest["next_step"])  # the steps after the checkpoint will run again
+        return {"path": checkpoint_dir, "step": manifest["next_step"], "saved_layout": manifest["layout"], **info}
 
     # -- the large run ---------------------------------------------------------------------------
     def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
@@ -187,7 +257,7 @@ class Workbench:
         Load a checkpoint afterwards to continue where training was.
         """
         self.pool.restart()
-        self._capabilities = self._ask_capabilities()
+        self._capabilities = self.session.capabilities()
         if self.config is not None:
             self.apply(self.config, fresh=True)
 

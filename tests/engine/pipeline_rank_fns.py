@@ -14,33 +14,33 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from tests.engine.rank_fns import reference_run
 from workbench.config import Config
 from workbench.engine.mesh import build_mesh
 from workbench.engine.model import build_model, loss_fn
 from workbench.engine.parallel.pipeline import build_pipeline
 
 
+class Batches:
+    """The global batches of these tests: random byte tokens, a function of the step alone."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(1000 + step)
+        return torch.randint(0, self.cfg.model.vocab_size, (self.cfg.batch_size, self.cfg.seq_len + 1), generator=g)
+
+
 def batch(cfg: Config, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of `step`: random byte tokens, targets shifted by one."""
-    g = torch.Generator().manual_seed(1000 + step)
-    tokens = torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, cfg.seq_len + 1), generator=g)
+    """The global batch of `step` as (inputs, targets shifted by one)."""
+    tokens = Batches(cfg).global_batch(step)
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def reference_losses(cfg: Config, steps: int) -> list[float]:
     """One process, the whole model, the whole batch, AdamW: what every layout must reproduce."""
-    torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    losses = []
-    for step in range(steps):
-        inputs, targets = batch(cfg, step)
-        loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return reference_run(cfg, steps, Batches(cfg))["losses"]
 
 
 def _parallelize(kind: str | None, mesh: DeviceMesh, cfg: Config) -> Callable[[nn.Module], nn.Module] | None:

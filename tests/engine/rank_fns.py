@@ -29,7 +29,7 @@ from workbench.config import Config
 from workbench.engine.mesh import build_mesh
 from workbench.engine.model import build_model, loss_fn
 from workbench.engine.precision import DTYPES
-from workbench.engine.state import export_full_state, import_full_state
+from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 
@@ -62,13 +62,17 @@ class SyntheticData:
         return self.global_batch(step).chunk(dp_size)[dp_rank]
 
 
-def reference_run(cfg: Config, steps: int) -> dict[str, Any]:
-    """One process trains the whole model on whole batches: losses, skipped steps, final scale and weights."""
+def reference_run(cfg: Config, steps: int, data: Any = None) -> dict[str, Any]:
+    """One process trains the whole model on whole batches: losses, skipped steps, final scale and weights.
+
+    The single-process reference of every parity test. `data` is anything with `global_batch(step)` returning
+    (batch_size, seq_len + 1) tokens; `SyntheticData(cfg)` when None.
+    """
     model = build_model(cfg.model, cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
     dtype = DTYPES[cfg.precision]
-    data = SyntheticData(cfg)
+    data = SyntheticData(cfg) if data is None else data
     losses, skipped = [], []
     for step in range(steps):
         tokens = data.global_batch(step)

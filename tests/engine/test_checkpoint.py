@@ -22,7 +22,7 @@ from workbench.checkpoints import CheckpointError
 from workbench.config import Config, ModelConfig
 from workbench.engine import checkpoint
 from workbench.engine.mesh import build_mesh
-from workbench.engine.session import Session
+from workbench.engine.session import Session, current, drop
 from workbench.engine.trainer import Trainer
 from workbench.pool import rank
 
@@ -68,34 +68,31 @@ def resume_in_layouts(source: Config, targets: dict[str, Config], directory: str
 def _resume_in_layouts(source: Config, targets: dict[str, Config], directory: str) -> dict[str, list[float]]:
     session = _session(source)
     out = {"saved": _train(session, SAVED_AT)}
-    checkpoint.save_session(session, directory, None, "feed")
+    checkpoint.save(session.trainer, session.next_step, directory, None, "feed")
     path = ck.resolve(directory)
     saved = ck.resume_state(ck.verify(path))
     for name, cfg in targets.items():
         target = _session(cfg)
-        checkpoint.load_session(target, path, saved)
+        checkpoint.load(target.trainer, path, saved)
+        target.next_step = saved["next_step"]
         out[name] = _train(target, THEN)
     return out
 
 
 def save_untrained(cfg: Config, directory: str) -> None:
     with rank.unchecked():
-        checkpoint.save_session(_session(cfg), directory, None, "0ther")
+        checkpoint.save(_session(cfg).trainer, 0, directory, None, "0ther")
 
 
 def fingerprint() -> list[float]:
     """Checksums of this rank's weights and optimizer state: equal before and after means untouched."""
-    session = rank.state["session"]
+    session = current()
     params = [(p.to_local() if hasattr(p, "to_local") else p).detach()
               for m in session.trainer.modules for p in m.parameters()]
     state = [v.to_local() if hasattr(v, "to_local") else v for opt in session.trainer.optimizers
              for s in (opt.optim if hasattr(opt, "optim") else opt).state.values() for v in s.values()]
     return [float(sum(t.double().sum() for t in params)), float(sum(t.double().abs().sum() for t in state)),
             session.next_step, session.trainer.steps_done]
-
-
-def drop_session() -> None:
-    rank.state.pop("session", None)
 
 
 # -- fixtures ---------------------------------------------------------------------------------------------
@@ -107,10 +104,10 @@ def reference() -> list[float]:
 @pytest.fixture
 def bench(pool):
     """A Workbench on the shared pool, starting from no model; the model is dropped afterwards."""
-    pool.run(drop_session)
+    pool.run(drop)
     yield wb.Workbench(pool=pool, telemetry=False)
     if not pool.broken:
-        pool.run(drop_session)
+        pool.run(drop)
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +115,11 @@ def straight(_session_pool) -> list[float]:
     """CFG trained 2·N steps straight through, no save: what every resume must reproduce."""
     if _session_pool.broken:
         _session_pool.restart()
-    _session_pool.run(drop_session)
+    _session_pool.run(drop)
     bench = wb.Workbench(pool=_session_pool, telemetry=False)
     bench.apply(CFG)
     losses = [m.loss for m in bench.train(2 * N).wait()]
-    _session_pool.run(drop_session)
+    _session_pool.run(drop)
     return losses
 
 

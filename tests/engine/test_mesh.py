@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config import Config, ConfigError
+from workbench.config import Config, ConfigError, checkpointed_blocks
 from workbench.engine.mesh import AXES, MeshLayout, mesh_layout
-from workbench.engine.parallel.recompute import checkpointed_blocks
 
 from tests.engine import rank_fns as fns
 

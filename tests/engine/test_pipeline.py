@@ -13,8 +13,14 @@ import torch
 from tests.engine import pipeline_rank_fns as fns
 from workbench.config import Config
 from workbench.engine.model import build_model
-from workbench.engine.parallel.pipeline import model_chunk, split_layers, stages_of_rank
-from workbench.engine.parallel.schedule_grid import measured_bubble, measured_grid, rank_orders
+from workbench.engine.parallel.pipeline import model_chunk
+from workbench.engine.parallel.schedule_grid import (
+    measured_bubble,
+    measured_grid,
+    rank_orders,
+    split_layers,
+    stages_of_rank,
+)
 
 STEPS = 5
 SMALL = dict(batch_size=8, seq_len=32)
@@ -25,13 +31,6 @@ def assert_losses_match(reference: list[float], losses: list[float], rel: float 
 
 
 # --- pure: how the model is cut -------------------------------------------------------------
-
-def test_split_layers_and_placement():
-    assert split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
-    with pytest.raises(ValueError, match="divide"):
-        split_layers(6, 4)
-    assert stages_of_rank(1, pp=4, stages_per_rank=3) == [1, 5, 9]
-
 
 def test_chunks_keep_the_full_models_names_and_weights():
     model = build_model(Config().model, seed=0)

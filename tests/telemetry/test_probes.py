@@ -7,7 +7,8 @@ import pytest
 from tests.telemetry import probe_rank_fns as fns
 from workbench.config import Config, ModelConfig
 from workbench.estimate import flops_per_token
-from workbench.telemetry.analysis import split_kinds, step_summary
+from tests.telemetry.overlap_reference import step_summary
+from workbench.telemetry.analysis import split_kinds
 from workbench.telemetry.events import Interval
 
 BASE = Config(model=ModelConfig.preset("tiny"), batch_size=8, seq_len=64)

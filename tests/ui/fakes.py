@@ -1,9 +1,10 @@
-"""Stand-ins for the rank pool, so the UI can be driven with a real Workbench and no processes.
+"""Stand-ins for the ranks, so the UI can be driven with a real Workbench and no processes.
 
-`FakePool` answers the Workbench's commands the way ranks would (capabilities,
-apply, train) and emits synthetic StepMetrics to subscribers from a thread,
-as the real pool's I/O thread does. `step_metrics` builds records with or
-without the telemetry fields that probes fill.
+`FakeSession` answers the Workbench's narrow interface to its ranks
+(`RankSession`: capabilities, apply, train) the way ranks would, and emits
+synthetic StepMetrics to the subscribers of a `FakePool` from a thread, as the
+real pool's I/O thread does. `fake_workbench()` puts them together.
+`step_metrics` builds records with or without the telemetry fields that probes fill.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import threading
 import time
 from typing import Any, Callable
 
+import workbench as wb
+from workbench.engine.parallel.schedule_grid import Action
 from workbench.telemetry.events import Interval, StepMetrics
 
 
 def step_metrics(rank: int, step: int, *, layout: str = "dp2", telemetry: bool = True, loss: float | None = None,
-                 skipped: bool = False, actions: list[tuple[str, int, int]] = ()) -> StepMetrics:
-    """One synthetic step; `actions` are pipeline intervals as (name, start_ms, end_ms), e.g. ("F0.1", 0, 2)."""
+                 skipped: bool = False, actions: list[tuple[Action, int, int]] = ()) -> StepMetrics:
+    """One synthetic step; `actions` are pipeline actions as (action, start_ms, end_ms), reported as the probes
+    report them: a compute interval named like torch's actions ("1F0") and a `pipeline_actions` entry."""
     base = 1_000_000_000 + step * 20_000_000
     intervals: tuple[Interval, ...] = ()
     extra: dict[str, Any] = {}
@@ -29,8 +33,10 @@ def step_metrics(rank: int, step: int, *, layout: str = "dp2", telemetry: bool =
                               group="mesh_dp"),
                      Interval("wait", "all_reduce", base + 6 * ms, base + 7 * ms),
                      Interval("compute", "optimizer", base + 7 * ms, base + 8 * ms))
-        intervals += tuple(Interval("compute", name, base + a * ms, base + b * ms) for name, a, b in actions)
-        extra = dict(memory={"parameters": 3_600_000 + rank, "gradients": 3_600_000, "optimizer": 7_200_000,
+        intervals += tuple(Interval("compute", str(action), base + a * ms, base + b * ms) for action, a, b in actions)
+        extra["pipeline_actions"] = tuple((action.stage, action.microbatch, action.kind, base + a * ms, base + b * ms)
+                                          for action, a, b in actions)
+        extra |= dict(memory={"parameters": 3_600_000 + rank, "gradients": 3_600_000, "optimizer": 7_200_000,
                              "activations": 0, "other": 100_000},
                      peak_memory={"parameters": 3_600_000, "gradients": 3_600_000, "optimizer": 7_200_000,
                                   "activations": 20_000_000 + rank, "other": 100_000},
@@ -61,22 +67,24 @@ class FakeHandle:
 
 
 class FakePool:
-    """Answers session.capabilities / apply / train like two CPU ranks would; trains at `step_s` per step."""
+    """The generic pool a Workbench holds: subscriptions, flags, restarts, and `run` of any function (here, once,
+    in this process, its value given for every rank: what a %%ranks cell needs)."""
 
-    def __init__(self, world_size: int = 2, step_s: float = 0.01, telemetry: bool = True) -> None:
-        self.world_size, self.step_s, self.telemetry = world_size, step_s, telemetry
+    def __init__(self, world_size: int = 2) -> None:
+        self.world_size = world_size
         self.device, self.backend = "cpu", "gloo"
         self.broken, self.broken_reason = False, None
-        self.applied: list = []
         self.restarts = 0
         self.flags: dict[str, Any] = {}
-        self.next_step = 0
-        self.layout = ""
         self._subscribers: list[Callable[[int, Any], None]] = []
 
     def subscribe(self, callback: Callable[[int, Any], None]) -> Callable[[], None]:
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback)
+
+    def emit(self, rank: int, event: Any) -> None:
+        for callback in list(self._subscribers):  # as the pool's I/O thread delivers them
+            callback(rank, event)
 
     def set_flag(self, name: str, value: Any) -> None:
         self.flags[name] = value
@@ -85,39 +93,53 @@ class FakePool:
         self.restarts += 1
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
-        return self.run_async(fn, *args, **kwargs).result()
+        return [fn(*args, **kwargs)] * self.world_size
 
-    def run_async(self, fn: Callable, *args: Any, **kwargs: Any) -> FakeHandle:
+
+class FakeSession:
+    """The Workbench's commands to its ranks (`wb.workbench.RankSession`) answered as two CPU ranks would:
+    capabilities, apply (reshard unless a new model), and train at `step_s` per step, emitting synthetic
+    StepMetrics through the pool from a thread."""
+
+    def __init__(self, pool: FakePool, step_s: float = 0.01, telemetry: bool = True) -> None:
+        self.pool, self.step_s, self.telemetry = pool, step_s, telemetry
+        self.applied: list = []
+        self.next_step = 0
+        self.layout = ""
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": False}
+
+    def apply(self, cfg: Any, corpus: Any, telemetry: bool, fresh: bool) -> dict[str, Any]:
+        # Like the ranks: the trained model is resharded unless a new one is asked for or its shape changed.
+        resharded = bool(self.applied) and not fresh and self.applied[-1].model == cfg.model
+        if not resharded:
+            self.next_step = 0
+        self.applied.append(cfg)
+        self.layout = cfg.layout
+        return {"layout": cfg.layout, "params_local": 1, "resharded": resharded}
+
+    def train(self, steps: int, run_id: str, saves: Any) -> FakeHandle:
         handle = FakeHandle()
-        name = getattr(fn, "__name__", "")
-        if name == "capabilities":
-            handle.finish([{"device": "cpu", "name": "cpu", "bf16": True, "fp16": False}] * self.world_size)
-        elif name == "apply":
-            cfg, fresh = args[0], args[-1] is True
-            # Like the ranks: the trained model is resharded unless a new one is asked for or its shape changed.
-            resharded = bool(self.applied) and not fresh and self.applied[-1].model == cfg.model
-            if not resharded:
-                self.next_step = 0
-            self.applied.append(cfg)
-            self.layout = cfg.layout
-            handle.finish([{"layout": cfg.layout, "params_local": 1, "resharded": resharded}] * self.world_size)
-        elif name == "train":
-            threading.Thread(target=self._train, args=(handle, *args), daemon=True).start()
-        else:
-            handle.finish([fn(*args, **kwargs)] * self.world_size)
+        threading.Thread(target=self._train, args=(handle, steps, run_id), daemon=True).start()
         return handle
 
-    def _train(self, handle: FakeHandle, steps: int, run_id: str, *_more: Any) -> None:
+    def _train(self, handle: FakeHandle, steps: int, run_id: str) -> None:
         done = []
         for _ in range(steps):
             time.sleep(self.step_s)
-            for r in range(self.world_size):
+            for r in range(self.pool.world_size):
                 m = step_metrics(r, self.next_step, layout=self.layout, telemetry=self.telemetry)
-                for callback in list(self._subscribers):  # as the pool's I/O thread delivers them
-                    callback(r, m)
+                self.pool.emit(r, m)
                 if r == 0:
                     done.append(m)
             self.next_step += 1
-            if self.flags.get("stop") == run_id:
+            if self.pool.flags.get("stop") == run_id:
                 break
-        handle.finish([done] * self.world_size)
+        handle.finish([done] * self.pool.world_size)
+
+
+def fake_workbench(world_size: int = 2, step_s: float = 0.01) -> wb.Workbench:
+    """A real Workbench over the fakes: `bench.pool` is a FakePool, `bench.session` a FakeSession."""
+    pool = FakePool(world_size)
+    return wb.Workbench(pool=pool, session=FakeSession(pool, step_s))

@@ -7,14 +7,14 @@ import time
 import pytest
 
 import workbench as wb
-from tests.ui.fakes import FakePool
+from tests.ui.fakes import fake_workbench
 from workbench.config import PRESETS, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, ConfigError
 from workbench.ui.controls import Controls
 
 
 @pytest.fixture
 def bench():
-    return wb.Workbench(pool=FakePool(world_size=2, step_s=0.02))
+    return fake_workbench(world_size=2, step_s=0.02)
 
 
 def test_starts_from_a_valid_layout_that_fills_the_pool(bench):
@@ -88,7 +88,7 @@ def test_a_refused_layout_never_reaches_the_ranks(bench):
     c.tp.value = 2
     assert c.apply() is None
     c.apply_button.click()
-    assert bench.pool.applied == [] and bench.config is None
+    assert bench.session.applied == [] and bench.config is None
 
 
 def test_apply_runs_in_the_background_and_the_model_takes_the_layout(bench):
@@ -97,7 +97,7 @@ def test_apply_runs_in_the_background_and_the_model_takes_the_layout(bench):
     thread = c.apply()
     assert thread is not None
     c.wait(5)
-    assert bench.pool.applied == [wb.Config(dp=2, zero=1)] and bench.config == wb.Config(dp=2, zero=1)
+    assert bench.session.applied == [wb.Config(dp=2, zero=1)] and bench.config == wb.Config(dp=2, zero=1)
     assert "dp2·zero1" in c.status.value and "applied dp2·zero1" in c.status.value
 
 
@@ -129,11 +129,11 @@ def test_restart_restarts_the_pool_and_rebuilds_the_layout(bench):
     c = Controls(bench)
     c.apply()
     c.wait(5)
-    applied = len(bench.pool.applied)
+    applied = len(bench.session.applied)
     c.restart_button.click()
     c.wait(5)
     assert bench.pool.restarts == 1 and "rebuilt untrained" in c.status.value
-    assert len(bench.pool.applied) == applied + 1 and bench.pool.applied[-1] == bench.config
+    assert len(bench.session.applied) == applied + 1 and bench.session.applied[-1] == bench.config
 
 
 def test_status_names_ranks_device_backend_health_and_layout(bench):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import workbench as wb
-from tests.ui.fakes import FakePool
+from tests.ui.fakes import fake_workbench
 from workbench.ui.dashboard import Dashboard, dashboard
 
 
@@ -21,7 +21,7 @@ def _until(predicate, timeout: float = 20.0) -> None:
 
 @pytest.fixture
 def bench():
-    return wb.Workbench(pool=FakePool(world_size=2, step_s=0.01))
+    return fake_workbench(world_size=2, step_s=0.01)
 
 
 def test_apply_and_train_fill_the_plots(bench):

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import workbench as wb
-from tests.ui.fakes import FakePool
+from tests.ui.fakes import fake_workbench
 from workbench.ui.magics import run_cell
 
 
@@ -64,11 +64,11 @@ def test_finding_the_workbench(clean_ns):
     ns = clean_ns.user_ns
     with pytest.raises(UsageError, match="no running wb.Workbench"):
         clean_ns.find_cell_magic("ranks").__self__._find_bench("")
-    ns["a"] = wb.Workbench(pool=FakePool())
+    ns["a"] = fake_workbench()
     ns["also_a"] = ns["a"]
     magic = clean_ns.find_cell_magic("ranks").__self__
     assert magic._find_bench("") is ns["a"]
-    ns["b"] = wb.Workbench(pool=FakePool())
+    ns["b"] = fake_workbench()
     with pytest.raises(UsageError, match="several Workbenches"):
         magic._find_bench("")
     assert magic._find_bench("b") is ns["b"]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import workbench as wb
-from tests.ui.fakes import FakePool
+from tests.ui.fakes import fake_workbench
 from workbench.plan import plan, scale_layout
 from workbench.ui.dashboard import dashboard
 from workbench.ui.plan_panel import PlanPanel
 
 
 def test_the_panel_shows_the_plans_top_layouts_and_applies_one_scaled_down():
-    bench = wb.Workbench(pool=FakePool(world_size=2, step_s=0.01))
+    bench = fake_workbench(world_size=2, step_s=0.01)
     panel = PlanPanel(bench, model="8b", gpus=16, global_batch=64, seq_len=4096, top=5)
     panel.run_plan()
     expected = plan("8b", "h100", 16, 64, seq_len=4096)
@@ -26,14 +26,14 @@ def test_the_panel_shows_the_plans_top_layouts_and_applies_one_scaled_down():
 
 
 def test_a_bad_input_is_said_inline():
-    panel = PlanPanel(wb.Workbench(pool=FakePool(world_size=2)), gpus=3, global_batch=64)
+    panel = PlanPanel(fake_workbench(world_size=2), gpus=3, global_batch=64)
     panel.seq_len.value = 100_000  # longer than the model's rotary table: every layout invalid
     panel.run_plan()
     assert "no layout fits" in panel.table.value and panel.apply_button.disabled
 
 
 def test_the_dashboard_holds_the_panel_and_sends_the_layout_through_its_controls():
-    bench = wb.Workbench(pool=FakePool(world_size=2, step_s=0.01))
+    bench = fake_workbench(world_size=2, step_s=0.01)
     d = dashboard(bench)
     try:
         d.planner.gpus.value, d.planner.global_batch.value = 8, 32

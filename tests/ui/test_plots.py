@@ -95,21 +95,20 @@ def test_an_empty_store_shows_no_steps_yet():
         assert "no steps yet" in _notes(figs[name])[-1], name
 
 
-def _pipeline_store(spell=str, schedule: str = "1f1b", pp: int = 2,
-                    m: int = 4) -> TelemetryStore:
+def _pipeline_store(schedule: str = "1f1b", pp: int = 2, m: int = 4) -> TelemetryStore:
     store = TelemetryStore()
     store.add_layout_change(0, wb.Config(pp=pp, micro_batches=m, schedule=schedule))
     grid = schedule_grid(schedule, pp, m)
     for r in range(pp):
         # Measured: each action takes 1 ms plus B twice as long, placed at its ideal time step × 3 ms.
-        actions = [(spell(a), 3 * t, 3 * t + (2 if a.kind == "B" else 1)) for t in range(grid.steps)
+        actions = [(a, 3 * t, 3 * t + (2 if a.kind == "B" else 1)) for t in range(grid.steps)
                    if (a := grid.at(r, t)) is not None]
         store.add(r, step_metrics(r, 0, layout="pp2", actions=actions))
     return store
 
 
 def test_pipeline_grid_measured_beside_the_ideal():
-    store = _pipeline_store(str)  # actions named as the probes (and torch) write them: "1F0"
+    store = _pipeline_store()
     fig = LivePlots(store, 2).figures["pipeline"]
     ideal_f, ideal_b, measured_f, measured_b = fig.data
     assert len(ideal_f.x) == len(ideal_b.x) == len(measured_f.x) == len(measured_b.x) == 2 * 4

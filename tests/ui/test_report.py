@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 
 import workbench as wb
-from tests.ui.fakes import FakePool
+from tests.ui.fakes import fake_workbench
 from workbench.ui.report import report
 
 
 def test_one_file_with_plotly_once_every_panel_and_every_layout(tmp_path):
-    bench = wb.Workbench(pool=FakePool(step_s=0.0))
+    bench = fake_workbench(step_s=0.0)
     bench.apply(wb.Config(dp=2, zero=1))
     bench.train(5).wait()
     bench.apply(wb.Config(tp=2, precision="bf16"))
@@ -25,6 +25,6 @@ def test_one_file_with_plotly_once_every_panel_and_every_layout(tmp_path):
 
 
 def test_a_session_without_steps_still_writes_a_readable_file(tmp_path):
-    path = report(wb.Workbench(pool=FakePool()), tmp_path / "empty.html")
+    path = report(fake_workbench(), tmp_path / "empty.html")
     text = path.read_text()
     assert "No layout was applied" in text and "no steps yet" in text

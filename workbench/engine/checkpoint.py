@@ -55,12 +55,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench import checkpoints
-from workbench.checkpoints import CheckpointError, SaveSchedule
-from workbench.engine.state import bare_name
+from workbench.checkpoints import CheckpointError
+from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
 
 if TYPE_CHECKING:
-    from workbench.engine.session import Session
     from workbench.engine.trainer import Trainer
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -69,36 +68,13 @@ pipeline stages and ZeRO-1 partitions and split into any other."""
 _SHARD = re.compile(r"^__\d+_\d+\.distcp$")
 
 
-# -- commands (run on every rank through Pool.run) ------------------------------------------------------
-def save(directory: str, keep: int | None, nonce: str) -> str:
-    with rank.unchecked():
-        return str(save_session(_session(), directory, keep, nonce))
-
-
-def load(path: str, saved: dict[str, Any]) -> dict[str, Any]:
-    with rank.unchecked():
-        return load_session(_session(), Path(path), saved)
-
-
-def after_step(session: Session, saves: SaveSchedule) -> None:
-    """Called by `session.train` after every step: save when the data position reaches a multiple of `every`."""
-    if session.next_step % saves.every == 0:
-        save_session(session, saves.directory, saves.keep, saves.nonce)
-
-
-def _session() -> Session:
-    session = rank.state.get("session")
-    if session is None:
-        raise RuntimeError("no model on the ranks yet: call bench.apply(cfg) first")
-    return session
-
-
 # -- save -----------------------------------------------------------------------------------------------
-def save_session(session: Session, directory: str, keep: int | None, nonce: str) -> Path:
-    """Write the session's state as `directory`/step-N (collective); rank 0 commits it once every shard is down."""
-    trainer, me = session.trainer, dist.get_rank()
-    tmp = checkpoints.temp_dir(directory, session.next_step, nonce)
-    final = checkpoints.final_dir(directory, session.next_step)
+def save(trainer: Trainer, next_step: int, directory: str, keep: int | None, nonce: str) -> Path:
+    """Write the trainer's state as `directory`/step-N, N = `next_step` (collective); rank 0 commits it once every
+    shard is down. `nonce` names the temporary directory: every rank must pass the same."""
+    me = dist.get_rank()
+    tmp = checkpoints.temp_dir(directory, next_step, nonce)
+    final = checkpoints.final_dir(directory, next_step)
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         dcp.save(state_dict(trainer), storage_writer=FileSystemWriter(tmp, sync_files=True))
@@ -119,7 +95,7 @@ def save_session(session: Session, directory: str, keep: int | None, nonce: str)
                 raise CheckpointError("; ".join(failed))
             files = {k: v for part in parts for k, v in part.items()}
             files.update(checkpoints.digests(tmp, checkpoints.digests_missing(tmp, files)))  # .metadata
-            checkpoints.commit(tmp, final, _manifest(session, files), keep)
+            checkpoints.commit(tmp, final, _manifest(trainer, next_step, files), keep)
         except Exception as e:  # noqa: BLE001 - sent to every rank below
             error = f"{type(e).__name__}: {e}"
     # Every rank leaves together, and fails alike when rank 0 could not commit: none waits for it in the next step.
@@ -142,7 +118,7 @@ def state_dict(trainer: Trainer) -> dict[str, Any]:
 
 def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     if isinstance(opt, ZeroRedundancyOptimizer):
-        return _flatten(module, opt.optim)
+        return flat_optimizer_state(module, opt.optim)
     if not opt.state:
         # Before the first step: torch would create the state with a zero-gradient step, and its step
         # counter of 1 would change AdamW's bias correction after a load. Saving none is exact.
@@ -150,22 +126,10 @@ def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str,
     return get_optimizer_state_dict(module, opt, options=OPTIONS)
 
 
-def _flatten(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """torch's flat optimizer format for the parameters `opt` holds (a ZeRO-1 rank: its partition)."""
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
-    flat: dict[str, Any] = {}
-    for group in opt.param_groups:
-        for param in group["params"]:
-            for key, value in opt.state.get(param, {}).items():
-                flat[f"state.{names[param]}.{key}"] = value
-    return flat
-
-
-def _manifest(session: Session, files: dict[str, str]) -> dict[str, Any]:
-    trainer = session.trainer
+def _manifest(trainer: Trainer, next_step: int, files: dict[str, str]) -> dict[str, Any]:
     scaler = trainer.precision.scaler
     return {
-        "files": files, "next_step": session.next_step, "steps_done": trainer.steps_done,
+        "files": files, "next_step": next_step, "steps_done": trainer.steps_done,
         "skipped_steps": trainer.skipped_steps, "scaler": scaler.state_dict() if scaler.is_enabled() else None,
         "config": checkpoints.config_to_json(trainer.cfg), "layout": trainer.cfg.layout,
         "world_size": dist.get_world_size(), "torch": torch.__version__,
@@ -173,15 +137,15 @@ def _manifest(session: Session, files: dict[str, str]) -> dict[str, Any]:
 
 
 # -- load -----------------------------------------------------------------------------------------------
-def load_session(session: Session, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
-    """Load a verified checkpoint into the session's current layout (collective).
+def load(trainer: Trainer, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
+    """Load a verified checkpoint into the trainer's current layout (collective); the caller sets the data
+    position to `saved["next_step"]`.
 
     Everything is read into fresh tensors first and copied into the trainer
     only once all of it has arrived, so a failure leaves training as it was.
     Problems found in the metadata are agreed over all ranks before DCP starts,
     so every rank raises the same CheckpointError and none is left waiting.
     """
-    trainer = session.trainer
     reader, models, optims = _check_fit(trainer, path)
     entries = reader.metadata.state_dict_metadata
     rng = {k: _empty(md) for k, md in entries.items() if k.startswith(f"rng.{dist.get_rank()}.")}
@@ -200,7 +164,6 @@ def load_session(session: Session, path: Path, saved: dict[str, Any]) -> dict[st
     if saved["scaler"] and trainer.precision.scaler.is_enabled():
         trainer.precision.scaler.load_state_dict(saved["scaler"])
     trainer.steps_done, trainer.skipped_steps = saved["steps_done"], saved["skipped_steps"]
-    session.next_step = saved["next_step"]
     if rng:
         set_rng_state({k.split(".", 2)[2]: v for k, v in rng.items()}, trainer.device)  # filled in place
     return {"rng_restored": bool(rng), "optimizer_restored": any(optims)}
@@ -259,7 +222,7 @@ def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer,
     """Flat targets for the state of the parameters this rank's optimizer updates, with its current hyperparameters
     (torch's flat format wants them beside the state)."""
     inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    names = param_names(module)
     flat: dict[str, Any] = {}
     missing = []
     for group in inner.param_groups:
@@ -286,7 +249,7 @@ def _set_optimizer(module: nn.Module, opt: torch.optim.Optimizer, flat: dict[str
     if inner is opt:
         set_optimizer_state_dict(module, opt, flat, options=OPTIONS)
         return
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    names = param_names(module)
     for group in inner.param_groups:  # ZeRO-1: this rank's partition
         for param in group["params"]:
             prefix = f"state.{names[param]}."

@@ -1,8 +1,9 @@
 """What a rank keeps between notebook cells: the trainer, and the commands the Workbench sends.
 
-Each public function here runs on every rank at once through `Pool.run`.
-The trainer lives in `workbench.pool.rank.state["session"]`, so a model keeps
-training across cells and across layout changes until the pool restarts.
+Each command here (`capabilities`, `apply`, `train`, `save`, `load`,
+`next_step`) runs on every rank at once through `Pool.run`. The session lives
+in the rank's state, so a model keeps training across cells and across layout
+changes until the pool restarts; `current()` is the one way to reach it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from workbench.config import Config
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh, mesh_layout
-from workbench.engine.state import export_full_state, import_full_state
+from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 from workbench.telemetry.events import StepMetrics
@@ -33,11 +34,26 @@ class Session:
     meshes: dict[tuple[int, int, int], Any] = field(default_factory=dict)
 
 
-def _session() -> Session:
-    session = rank.state.get("session")
+_KEY = "session"
+"""Where the session lives in `workbench.pool.rank.state`; read only through the functions below."""
+
+
+def current() -> Session:
+    """This rank's session; raises if no Config was applied yet."""
+    session = current_or_none()
     if session is None:
         raise RuntimeError("no model on the ranks yet: call bench.apply(cfg) first")
     return session
+
+
+def current_or_none() -> Session | None:
+    """This rank's session, or None before the first apply."""
+    return rank.state.get(_KEY)
+
+
+def drop() -> None:
+    """Forget this rank's model (the next apply builds a fresh one)."""
+    rank.state.pop(_KEY, None)
 
 
 def _device_type() -> str:
@@ -61,7 +77,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     The new trainer is complete before the old one is dropped, so a failure
     here leaves the previous model as it was.
     """
-    old: Session | None = rank.state.get("session")
+    old = current_or_none()
     carry = old is not None and not fresh and (old.trainer.cfg.model, old.trainer.cfg.seed) == (cfg.model, cfg.seed)
     with rank.unchecked():
         state = export_full_state(old.trainer) if carry else None
@@ -74,7 +90,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
         if state is not None:
             import_full_state(trainer, state)
         dist.barrier()
-    rank.state["session"] = Session(trainer, old.next_step if carry else 0, meshes)
+    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes)
     del old, state
     return {"layout": cfg.layout, "resharded": carry,
             "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
@@ -82,7 +98,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
 
 def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[StepMetrics]:
     """Train `steps` steps, emitting each step's metrics; stop early, on every rank together, when asked."""
-    session = _session()
+    session = current()
     done: list[StepMetrics] = []
     with rank.unchecked():
         for _ in range(steps):
@@ -91,12 +107,28 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
             session.next_step += 1
             rank.emit(metrics)
             done.append(metrics)
-            if saves is not None:
-                checkpoint.after_step(session, saves)
+            if saves is not None and session.next_step % saves.every == 0:
+                checkpoint.save(session.trainer, session.next_step, saves.directory, saves.keep, saves.nonce)
             if session.trainer.agreed.stop:
                 break
     return done
 
 
+def save(directory: str, keep: int | None, nonce: str) -> str:
+    """Save the session as `directory`/step-N (N: the data position), committed once every rank's shards are down."""
+    session = current()
+    with rank.unchecked():
+        return str(checkpoint.save(session.trainer, session.next_step, directory, keep, nonce))
+
+
+def load(path: str, saved: dict[str, Any]) -> dict[str, Any]:
+    """Load the verified checkpoint at `path` into the current layout; `saved`: its manifest's resume state."""
+    session = current()
+    with rank.unchecked():
+        info = checkpoint.load(session.trainer, Path(path), saved)
+    session.next_step = saved["next_step"]
+    return info
+
+
 def next_step() -> int:
-    return _session().next_step
+    return current().next_step

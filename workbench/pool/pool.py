@@ -21,7 +21,8 @@ from typing import Any, Callable, Literal
 
 from workbench.pool import launch, protocol
 from workbench.pool.errors import PoolError
-from workbench.pool.transport import HEARTBEAT_S, Handle, Transport, _Command
+from workbench.pool.health import HEARTBEAT_S
+from workbench.pool.transport import Handle, Transport, _Command
 
 Device = Literal["auto", "cpu", "cuda"]
 

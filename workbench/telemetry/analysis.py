@@ -1,10 +1,12 @@
-"""Pure functions over telemetry records: overlap of communication with computation, bandwidth.
+"""Pure functions over telemetry records: what overlap is measured over, and bandwidth.
 
-This is the reference implementation, in plain Python so the notebook side
-never needs torch or a compiler; ranks use the C++ twin in ``native`` and
-tests hold the two equal. Overlap is measured as a sweep over merged
-intervals: the fraction of communication time during which computation also
-runs (the HolisticTraceAnalysis definition).
+Overlap is measured on the ranks by the compiled extension (``native``) as a
+sweep over merged intervals: the fraction of communication time during which
+computation also runs (the HolisticTraceAnalysis definition). This module
+prepares its input, ``split_kinds``: compute spans less the time a thread
+waited on a collective. The plain-Python sweep the extension is tested
+against lives with the tests (``tests/telemetry/overlap_reference.py``), so
+there is one implementation in the product and an independent one to check it.
 
 Spans are half-open ``(start_ns, end_ns)`` on one rank's monotonic clock.
 """
@@ -36,37 +38,6 @@ def merge(spans: Iterable[Span]) -> list[Span]:
     return [(s, e) for s, e in out]
 
 
-def union_length(spans: Iterable[Span]) -> int:
-    """Time covered by at least one span, overlaps counted once."""
-    return sum(e - s for s, e in merge(spans))
-
-
-def intersection(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
-    """Instants covered by both sets, as merged spans."""
-    x, y = merge(a), merge(b)
-    out: list[Span] = []
-    i = j = 0
-    while i < len(x) and j < len(y):
-        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        if lo < hi:
-            out.append((lo, hi))
-        # Advance whichever ends first; the other may still meet the next one.
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def step_overlap_ns(compute: Iterable[Span], comm: Iterable[Span]) -> tuple[int, int, int]:
-    """``(comm_ns, exposed_ns, overlapped_ns)``: the union of communication, the part of it with
-    no computation running, and the part with computation running."""
-    comm = list(comm)
-    comm_ns = union_length(comm)
-    overlapped = union_length(intersection(comm, compute))
-    return comm_ns, comm_ns - overlapped, overlapped
-
-
 def subtract(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
     """The parts of the union of ``a`` not covered by ``b``, merged and sorted."""
     out: list[Span] = []
@@ -94,17 +65,6 @@ def split_kinds(intervals: Iterable[Interval]) -> tuple[list[Span], list[Span]]:
     for iv in intervals:
         {"comm": comm, "wait": waits}.get(iv.kind, compute).append((iv.start_ns, iv.end_ns))
     return (subtract(compute, waits) if waits else compute), comm
-
-
-def step_summary(intervals: Iterable[Interval]) -> tuple[float, float, float | None]:
-    """``(comm_time_s, exposed_comm_s, overlap)`` of one step's records.
-
-    overlap = (communication time during which computation also runs) / (communication time),
-    None when the step has no communication (0/0 is not "no overlap").
-    """
-    comm_ns, exposed_ns, overlapped_ns = step_overlap_ns(*split_kinds(intervals))
-    overlap = overlapped_ns / comm_ns if comm_ns else None
-    return comm_ns * 1e-9, exposed_ns * 1e-9, overlap
 
 
 # --- bandwidth, as nccl-tests reports it (doc/PERFORMANCE.md) ---------------------

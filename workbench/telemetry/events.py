@@ -11,6 +11,10 @@ from typing import Literal
 
 IntervalKind = Literal["compute", "comm", "wait"]
 
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other")
+"""The keys of `StepMetrics.memory` and `peak_memory`, in the order plots stack them; the estimate predicts the
+same ones (and communication buffers apart)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Interval:

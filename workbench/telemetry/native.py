@@ -8,8 +8,8 @@ because numbers from another clock or another method would silently differ.
 What it offers: the rank's monotonic clock (``now_ns``, the same clock as
 ``time.monotonic_ns``), a recorder of timed spans that compute probes and
 the recording communication backend (``workbench.telemetry.comm``) write into,
-and the interval arithmetic behind overlap (the pure-Python twin lives in
-``analysis``).
+and the interval arithmetic behind overlap (the one implementation; the tests
+hold it equal to a plain-Python reference, tests/telemetry/overlap_reference.py).
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def drain_marked() -> list:
     return taken
 
 
-# --- interval arithmetic (ns; the Python twin is workbench.telemetry.analysis) ----
+# --- interval arithmetic (ns; input prepared by analysis.split_kinds) ---------------
 
 
 Spans = Iterable[tuple[int, int]]
@@ -272,7 +272,8 @@ def intersection(a: Spans, b: Spans) -> list[tuple[int, int]]:
 
 
 def step_overlap_ns(compute: Spans, comm: Spans) -> tuple[int, int, int]:
-    """``(comm_ns, exposed_ns, overlapped_ns)``, as ``analysis.step_overlap_ns``."""
+    """``(comm_ns, exposed_ns, overlapped_ns)``: the union of communication, the part of it with no
+    computation running, and the part with computation running."""
     return tuple(load().step_overlap(list(compute), list(comm)))
 
 

@@ -21,9 +21,8 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from workbench.estimate import flops_per_token
+from workbench.telemetry.events import MEMORY_CATEGORIES as CATEGORIES
 from workbench.telemetry.events import Interval, StepMetrics
-
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -16,16 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.config import PRESETS, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, ConfigError, ModelConfig
+from workbench.config import PRESETS, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, ConfigError, ModelConfig, divisors
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
 
 _LABEL = {"description_width": "initial"}
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _toggle(description: str, options: list, value: Any, tooltip: str) -> widgets.ToggleButtons:
@@ -44,7 +40,7 @@ class Controls:
         self._models: dict[str, ModelConfig] = dict(PRESETS)
         model_name = next((n for n, m in PRESETS.items() if m == cfg.model), "current (custom)")
         self._models.setdefault(model_name, cfg.model)
-        degrees = _divisors(world)
+        degrees = divisors(world)
 
         self.model = widgets.Dropdown(description="model", options=list(self._models), value=model_name,
                                       style=_LABEL, layout=widgets.Layout(width="180px"))

@@ -37,7 +37,9 @@ def run_cell(source: str, cell_name: str = "<%%ranks cell>") -> str | None:
     from workbench.pool import rank as this_rank
 
     ns = this_rank.state.setdefault(NAMESPACE_KEY, {"__name__": "__ranks__"})
-    session = this_rank.state.get("session")
+    from workbench.engine.session import current_or_none
+
+    session = current_or_none()
     trainer = getattr(session, "trainer", None)
     modules = list(getattr(trainer, "modules", []))
     ns.update(rank=this_rank.get_rank(), world_size=this_rank.get_world_size(), torch=torch, dist=dist,

@@ -26,14 +26,14 @@ import plotly.graph_objects as go
 from workbench.engine.parallel.schedule_grid import (
     Action,
     ActionInterval,
+    config_grid,
+    config_stages,
     ideal_bubble_fraction,
     measured_bubble,
-    schedule_grid,
 )
-from workbench.telemetry.events import Interval, StepMetrics
+from workbench.telemetry.events import MEMORY_CATEGORIES, Interval, StepMetrics
 from workbench.telemetry.store import Snapshot, TelemetryStore
 
-MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other")
 MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#BAB0AC")))
 COMPUTE_COLORS = {"forward": "#4C78A8", "backward": "#72B7B2", "optimizer": "#54A24B", "F": "#4C78A8", "B": "#72B7B2"}
 COMM_COLORS = {"all_reduce": "#E45756", "all_gather": "#F58518", "reduce_scatter": "#B279A2", "all_to_all": "#FF9DA6",
@@ -178,27 +178,25 @@ def setup_timeline(fig: go.Figure, world_size: int) -> None:
                       yaxis=dict(autorange="reversed", type="category"))
 
 
-def _bars(trace, items: list[tuple[int, Interval]], origin: int, color: Callable[[Interval], str]) -> None:
+def _bars(trace, items: list[tuple[int, Interval, Action | None]], origin: int) -> None:
     # Ranks on one host share CLOCK_MONOTONIC, so one origin lines their bars up in real time.
-    trace.y = [f"rank {r} {iv.kind}" for r, iv in items]
-    trace.base = [(iv.start_ns - origin) / 1e6 for _, iv in items]
-    trace.x = [(iv.end_ns - iv.start_ns) / 1e6 for _, iv in items]
-    trace.marker.color = [color(iv) for _, iv in items]
-    trace.text = [_label(iv) for _, iv in items]
-    trace.customdata = [[iv.name, iv.bytes, iv.group] for _, iv in items]
+    trace.y = [f"rank {r} {iv.kind}" for r, iv, _ in items]
+    trace.base = [(iv.start_ns - origin) / 1e6 for _, iv, _ in items]
+    trace.x = [(iv.end_ns - iv.start_ns) / 1e6 for _, iv, _ in items]
+    trace.marker.color = [_interval_color(iv, a) for _, iv, a in items]
+    trace.text = [_label(iv, a) for _, iv, a in items]
+    trace.customdata = [[iv.name, iv.bytes, iv.group] for _, iv, _ in items]
     trace.hovertemplate = ("%{customdata[0]}<br>%{base:.3f} ms + %{x:.3f} ms<br>%{customdata[1]:.3s}B "
                            "%{customdata[2]}<extra>%{y}</extra>")
 
 
-def _label(iv: Interval) -> str:
-    action = _action(iv)
+def _label(iv: Interval, action: Action | None) -> str:
     return f"{action.kind}{action.microbatch}" if action is not None else iv.name
 
 
-def _interval_color(iv: Interval) -> str:
+def _interval_color(iv: Interval, action: Action | None) -> str:
     if iv.kind == "wait":
         return WAIT_COLOR
-    action = _action(iv)
     if action is not None:
         return COMPUTE_COLORS[action.kind]
     return _name_color(iv.name, COMM_COLORS if iv.kind == "comm" else COMPUTE_COLORS, RANK_COLORS)
@@ -207,10 +205,14 @@ def _interval_color(iv: Interval) -> str:
 def draw_timeline(fig: go.Figure, snap: Snapshot) -> None:
     latest = snap.common_latest()
     origin = min((iv.start_ns for m in latest.values() for iv in m.intervals), default=0)
-    items = [(r, iv) for r in sorted(latest) for iv in latest[r].intervals]
+    items = []
+    for r in sorted(latest):
+        actions = _actions(latest[r])
+        items += [(r, iv, actions.get((iv.start_ns, iv.end_ns)) if iv.kind == "compute" else None)
+                  for iv in latest[r].intervals]
     for kind, trace in zip(TIMELINE_KINDS, fig.data):
-        _bars(trace, [(r, iv) for r, iv in items if iv.kind == kind], origin, _interval_color)
-    present = {iv.kind for _, iv in items}
+        _bars(trace, [item for item in items if item[1].kind == kind], origin)
+    present = {iv.kind for _, iv, _ in items}
     fig.layout.yaxis.categoryarray = [f"rank {r} {kind}" for r in sorted(latest) for kind in TIMELINE_KINDS
                                       if kind in present]
     _axes_visible(fig, bool(items))
@@ -264,30 +266,22 @@ def setup_pipeline(fig: go.Figure, world_size: int) -> None:
                       yaxis2=dict(domain=[0, 0.4], autorange="reversed", type="category", title="measured"))
 
 
-def _action(iv: Interval) -> Action | None:
-    """The pipeline action an interval records, if it is one.
-
-    The probes name them as torch does: "1F0" is stage 1, forward, micro-batch 0.
-    """
-    if iv.kind != "compute":
-        return None
-    try:
-        return Action.parse(iv.name)
-    except ValueError:
-        return None
+def _actions(metrics: StepMetrics) -> dict[tuple[int, int], Action]:
+    """The pipeline actions a rank reported, by their (start_ns, end_ns): the compute spans they timed."""
+    return {(start, end): Action(stage, kind, mb) for stage, mb, kind, start, end in metrics.pipeline_actions}
 
 
 def pipeline_intervals(latest: dict[int, StepMetrics], pp: int) -> list[ActionInterval]:
-    """The F/B intervals of one replica of the pipeline, each on its pipeline rank (stage % pp)."""
+    """The F/B actions the ranks reported for one replica of the pipeline, each on its pipeline rank (stage % pp)."""
     out: dict[int, list[ActionInterval]] = {}
     for r in sorted(latest):
-        found = [(a, iv) for iv in latest[r].intervals if (a := _action(iv)) is not None]
+        found = latest[r].pipeline_actions
         if not found:
             continue
-        pp_rank = found[0][0].stage % pp
+        pp_rank = found[0][0] % pp
         # With dp or tp > 1 several ranks run the same stages; the lowest rank stands for them.
-        out.setdefault(pp_rank, [ActionInterval(pp_rank, a.stage, a.microbatch, a.kind, iv.start_ns, iv.end_ns)
-                                 for a, iv in found])
+        out.setdefault(pp_rank, [ActionInterval(pp_rank, stage, mb, kind, start, end)
+                                 for stage, mb, kind, start, end in found])
     return [iv for r in sorted(out) for iv in out[r]]
 
 
@@ -310,8 +304,8 @@ def draw_pipeline(fig: go.Figure, snap: Snapshot) -> None:
         fig.layout.title.text = "Pipeline schedule"
         fig.layout.annotations = _note("this layout has no pipeline (pp = 1): choose pp ≥ 2")
         return
-    v = cfg.stages_per_rank if cfg.schedule == "interleaved_1f1b" else 1
-    grid = schedule_grid(cfg.schedule, cfg.pp, cfg.micro_batches, v)
+    v = config_stages(cfg)
+    grid = config_grid(cfg)
     _grid_bars(fig.data[:2], [(r, a, t, 1.0) for r in range(grid.pp) for t in range(grid.steps)
                               if (a := grid.at(r, t)) is not None])
     measured = pipeline_intervals(snap.common_latest(), cfg.pp)

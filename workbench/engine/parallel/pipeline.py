@@ -61,26 +61,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
-from workbench.engine.parallel.schedule_grid import Grid, Kind, schedule_grid
+from workbench.engine.parallel.schedule_grid import Grid, Kind, config_grid, config_stages, split_layers, stages_of_rank
 
 ActionHook = Callable[[Kind, int, int, int, int], None]
 """on_action(kind, stage, microbatch, start_ns, end_ns): one measured F or B."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def split_layers(n_layers: int, n_stages: int) -> list[range]:
-    """The global block indices of each stage: n_stages runs of consecutive blocks, equal in size."""
-    if n_layers % n_stages:
-        raise ValueError(f"{n_stages} pipeline stages do not divide {n_layers} layers; choose a divisor of n_layers")
-    per = n_layers // n_stages
-    return [range(s * per, (s + 1) * per) for s in range(n_stages)]
-
-
-def stages_of_rank(pp_rank: int, pp: int, stages_per_rank: int) -> list[int]:
-    """Loop placement: rank r holds stages r, r+pp, r+2pp, ... (what torch's multi-stage schedules expect)."""
-    return [pp_rank + k * pp for k in range(stages_per_rank)]
 
 
 def model_chunk(model: Transformer, layers: range, *, first: bool, last: bool) -> Transformer:
@@ -216,8 +203,7 @@ class PipelineRunner:
 
     def grid(self) -> Grid:
         """The ideal time-step × rank grid of this pipeline's schedule."""
-        cfg = self.cfg
-        return schedule_grid(cfg.schedule, cfg.pp, cfg.micro_batches, len(self.stages))
+        return config_grid(self.cfg)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *,
              scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -251,7 +237,7 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     if pp != cfg.pp:
         raise ValueError(f"the mesh's pp axis has {pp} ranks but cfg.pp={cfg.pp}; build the mesh from this Config")
     device = torch.device(device)
-    per_rank = cfg.stages_per_rank if cfg.schedule == "interleaved_1f1b" else 1
+    per_rank = config_stages(cfg)
     n_stages = pp * per_rank
     layers = split_layers(model.cfg.n_layers, n_stages)
     loss = _MicroBatchLoss(loss_fn, cfg.micro_batches)

@@ -13,18 +13,8 @@ from __future__ import annotations
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 
-from workbench.config import Config, Recompute
+from workbench.config import Config, checkpointed_blocks
 from workbench.engine.model import Transformer
-
-
-def checkpointed_blocks(block_indices: list[int], mode: Recompute) -> list[int]:
-    """Which of the given global block indices recompute their activations."""
-    if mode == "full":
-        return list(block_indices)
-    if mode == "selective":
-        # By global index, so a pipeline split recomputes the same blocks as the whole model.
-        return [i for i in block_indices if i % 2 == 0]
-    return []
 
 
 def apply_ac(model: Transformer, mesh: DeviceMesh, cfg: Config) -> Transformer:

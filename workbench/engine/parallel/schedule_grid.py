@@ -1,7 +1,14 @@
-"""Pipeline schedules as data: who runs which forward (F) or backward (B) at each time step.
+"""Pipeline arithmetic as data: which layers each rank holds, and who runs which forward (F) or backward (B)
+at each time step.
 
-Pure Python (no torch), so the notebook, the estimators and the tests can draw
-and compare schedules without processes. Two sources produce the same `Grid`:
+Pure Python (no torch), so the engine, the estimator, the plots and the tests
+share one rule without processes:
+
+- `virtual_stages(schedule, pp, stages_per_rank)`: model chunks per pipeline
+  rank (the interleaved schedule's v; 1 otherwise); `split_layers` and
+  `stages_of_rank` say which blocks each stage and rank holds (`rank_layers`).
+
+Two sources produce the same `Grid`:
 
 - `schedule_grid(schedule, pp, microbatches, stages_per_rank)`: the order in
   which each rank runs its actions under torch.distributed.pipelining's
@@ -21,13 +28,46 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from workbench.config import Schedule
+if TYPE_CHECKING:  # config imports this module for its pipeline rule: no import back at run time
+    from workbench.config import Config, Schedule
 
 Kind = Literal["F", "B"]
 
 
+# -- layout: which stages and layers each pipeline rank holds ------------------------------------------
+def virtual_stages(schedule: Schedule, pp: int, stages_per_rank: int) -> int:
+    """Model chunks (pipeline stages) per rank: `stages_per_rank` under interleaved 1F1B with pp > 1, else 1."""
+    return stages_per_rank if pp > 1 and schedule == "interleaved_1f1b" else 1
+
+
+def config_stages(cfg: Config) -> int:
+    """`virtual_stages` of a Config."""
+    return virtual_stages(cfg.schedule, cfg.pp, cfg.stages_per_rank)
+
+
+def split_layers(n_layers: int, n_stages: int) -> list[range]:
+    """The global block indices of each stage: n_stages runs of consecutive blocks, equal in size."""
+    if n_layers % n_stages:
+        raise ValueError(f"{n_stages} pipeline stages do not divide {n_layers} layers; choose a divisor of n_layers")
+    per = n_layers // n_stages
+    return [range(s * per, (s + 1) * per) for s in range(n_stages)]
+
+
+def stages_of_rank(pp_rank: int, pp: int, stages_per_rank: int) -> list[int]:
+    """Loop placement: rank r holds stages r, r+pp, r+2pp, ... (what torch's multi-stage schedules expect)."""
+    return [pp_rank + k * pp for k in range(stages_per_rank)]
+
+
+def rank_layers(cfg: Config) -> list[tuple[int, ...]]:
+    """The global block indices each pipeline rank holds, in its stages' order."""
+    v = config_stages(cfg)
+    layers = split_layers(cfg.model.n_layers, cfg.pp * v)
+    return [tuple(i for stage in stages_of_rank(r, cfg.pp, v) for i in layers[stage]) for r in range(cfg.pp)]
+
+
+# -- schedules --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, order=True)
 class Action:
     """One unit of pipeline work: a forward or full backward of one micro-batch through one stage."""
@@ -230,6 +270,11 @@ def schedule_grid(schedule: Schedule, pp: int, microbatches: int, stages_per_ran
     """The ideal time-step × rank grid of a schedule (each F and B one step)."""
     v = stages_per_rank if schedule == "interleaved_1f1b" else 1
     return place(rank_orders(schedule, pp, microbatches, v), v)
+
+
+def config_grid(cfg: Config) -> Grid:
+    """The ideal grid of a Config's pipeline."""
+    return schedule_grid(cfg.schedule, cfg.pp, cfg.micro_batches, config_stages(cfg))
 
 
 def measured_grid(intervals: Iterable[ActionInterval | tuple]) -> Grid:

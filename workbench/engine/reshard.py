@@ -51,6 +51,20 @@ def bare_name(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "")
 
 
+def param_names(module: nn.Module) -> dict[nn.Parameter, str]:
+    """Each parameter of `module` by its bare name."""
+    return {param: bare_name(name) for name, param in module.named_parameters()}
+
+
+def flat_optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """torch's flat optimizer format ({"state.<fqn>.<key>": tensor}) for the parameters `opt` holds, read
+    straight from its state: for a ZeRO-1 rank's inner optimizer, its partition. The tensors are the live ones."""
+    names = param_names(module)
+    return {f"state.{names[param]}.{key}": value
+            for group in opt.param_groups for param in group["params"]
+            for key, value in opt.state.get(param, {}).items()}
+
+
 def export_full_state(trainer: Any) -> dict[str, Any]:
     """The trainer's model, optimizer, loss-scaler and counters as full CPU tensors (collective: all ranks)."""
     model: dict[str, torch.Tensor] = {}
@@ -101,7 +115,7 @@ def _export_optimizer(module: nn.Module, opt: torch.optim.Optimizer, dp_mesh: De
 
 
 def _import_optimizer(module: nn.Module, opt: torch.optim.Optimizer, per_param: dict[str, dict[str, Any]]) -> None:
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
+    names = param_names(module)
     if isinstance(opt, ZeroRedundancyOptimizer):
         _import_zero1(opt, names, per_param)
         return
@@ -132,11 +146,8 @@ def _per_param(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # partition in the inner `opt.optim`; gathering those over the dp axis gives the same flat format.
 
 def _export_zero1(module: nn.Module, opt: ZeroRedundancyOptimizer, dp_mesh: DeviceMesh) -> dict[str, Any]:
-    names = {param: bare_name(name) for name, param in module.named_parameters()}
-    flat: dict[str, Any] = {}
-    for param, param_state in opt.optim.state.items():
-        for key, value in param_state.items():
-            flat[f"state.{names[param]}.{key}"] = value.detach().cpu().clone()
+    names = param_names(module)
+    flat = {k: v.detach().cpu().clone() for k, v in flat_optimizer_state(module, opt.optim).items()}
     parts: list[dict[str, Any]] = [{} for _ in range(dp_mesh.size())]
     dist.all_gather_object(parts, flat, group=dp_mesh.get_group())
     merged = {k: v for part in parts for k, v in part.items()}
