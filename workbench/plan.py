@@ -21,13 +21,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from workbench.config import Config, ConfigError, ModelConfig
+from workbench.config import Config, ConfigError, ModelConfig, divisors
 from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware, profile, si
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
