@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "completion.h"
 #include "intervals.h"
+#include "quantize.h"
 #include "recorder.h"
 #include "recording_backend.h"
 
@@ -132,4 +133,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("address"));
   m.def("has_host_func_launcher", &wbt::has_host_func_launcher);
   m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
+
+  wbt::bind_quantize(m);
 }

@@ -37,6 +37,15 @@ def test_compiles_and_exports_its_interface(fresh_library):
     cuda._declare(lib)  # every declared function must exist in the build
 
 
+def test_quantizer_kernels_are_compiled_in(fresh_library):
+    # The compression quantisers (extensions/cuda/quantize.cu) are declared by their Python face.
+    from workbench.engine.parallel import quantize
+
+    lib = ctypes.CDLL(str(fresh_library))
+    for name in quantize.CUDA_FUNCTIONS:
+        assert hasattr(lib, name), name
+
+
 def test_without_a_usable_gpu_errors_are_clean(fresh_library):
     try:
         n = cuda.device_count()

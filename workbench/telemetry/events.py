@@ -83,3 +83,6 @@ class StepMetrics:
     """Every timed span of the step on this rank."""
     pipeline_actions: tuple[tuple[int, int, str, int, int], ...] = ()
     """(stage, micro-batch, "F"|"B", start_ns, end_ns) of each pipeline action this rank ran."""
+    grad_sync_bytes: int = 0
+    """Bytes this rank sent for the data-parallel gradient sync in the step (each recorded collective's size
+    times its bus factor; `workbench.telemetry.grad_sync`); 0 with dp = 1 or telemetry off."""
