@@ -51,7 +51,7 @@ def probe_costs() -> dict[str, float]:
     return {
         "parameter_bytes": per_call(lambda: probes.parameter_bytes(modules)),
         "gradient_bytes": per_call(lambda: probes.gradient_bytes(modules)),
-        "optimizer_bytes": per_call(lambda: probes.optimizer_bytes(optimizers)),
+        "optimizer_bytes": per_call(lambda: probes.optimizer_bytes(optimizers, trainer.device)),
         "process_bytes": per_call(lambda: probes.process_bytes(trainer.device)),
         "span open+close": per_call(lambda: native.span("compute", "x").__enter__() or None),
         "drain (empty)": per_call(native.drain),

@@ -79,3 +79,34 @@ def test_configs_are_frozen_values_with_a_layout_name():
     assert Config(pp=2, micro_batches=4).layout == "pp2·1f1b×4"
     assert cfg.world_size == 2 and cfg.micro_batch_size == 8
     assert wb.Config() == Config(model=TINY)
+
+
+# --- compression and offload ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("changes, field, fix", [
+    (dict(compression="int8"), "compression", "dp ≥ 2"),
+    (dict(dp=2, compression="zip"), "compression", "one of"),
+    (dict(dp=2, zero=2, compression="int8"), "compression", "zero=0 or 1"),
+    (dict(dp=2, zero=3, compression="powersgd"), "compression", "zero=0 or 1"),
+    (dict(dp=2, zero=2, compression="1bit"), "compression", "zero=0 or 1"),
+    (dict(dp=2, tp=2, compression="fp16"), "compression", "zero=2"),
+    (dict(dp=2, compression="powersgd", powersgd_rank=0), "powersgd_rank", "> 0"),
+    (dict(tp=2, offload=True), "offload", "tp=1"),
+    (dict(offload="yes"), "offload", "True or False"),
+])
+def test_compression_and_offload_refusals_name_the_field_and_fix(changes, field, fix):
+    with pytest.raises(ConfigError) as e:
+        Config(**changes)
+    assert str(e.value).startswith(f"{field}:") and fix in str(e.value)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(dp=2, compression="fp16"), dict(dp=2, zero=1, compression="1bit"), dict(dp=2, zero=2, compression="bf16"),
+    dict(dp=2, zero=3, compression="fp16"), dict(dp=2, compression="powersgd"), dict(offload=True),
+    dict(dp=2, zero=1, offload=True), dict(dp=2, zero=3, offload=True, compression="bf16"),
+])
+def test_supported_compression_and_offload_layouts(changes):
+    cfg = Config(**changes)
+    assert (cfg.compression == "none") or cfg.compression in cfg.layout
+    assert cfg.offload == ("offload" in cfg.layout)

@@ -346,3 +346,41 @@ def test_estimate_imports_without_torch():
     assert result.returncode == 0, result.stderr
     before, after = result.stdout.split()
     assert after == before  # estimate and hardware pull in no torch of their own
+
+
+# --- compression and offload ----------------------------------------------------------------------------------
+
+
+def test_compression_changes_the_gradient_sync_bytes_by_formula():
+    import workbench as wb
+
+    from workbench.estimate import grad_sync_bytes_per_step, quantized_bucket_bytes
+
+    base = wb.Config(dp=4, batch_size=8, seq_len=32)
+    grads = 4 * base.model.num_params
+    ring = 2 * 3 / 4  # all-reduce bus factor on 4 ranks
+    none = grad_sync_bytes_per_step(base)
+    assert none == round(grads * ring)
+    assert grad_sync_bytes_per_step(base.replace(compression="fp16")) == round(none / 2)
+    assert grad_sync_bytes_per_step(base.replace(compression="bf16", zero=2)) == round(grads / 2 * 3 / 4)
+    # int8: 1 byte per value + 4 per 256, both phases (3/4 each), per bucket padded to dp·256 values
+    first, rest = 2**18, base.model.num_params - 2**18
+    int8 = quantized_bucket_bytes(first, 4, "int8") + quantized_bucket_bytes(rest, 4, "int8")
+    assert int8 == (first + rest + 4 * (first + rest) / 256) + ((-rest) % 1024) * (1 + 4 / 256)
+    assert grad_sync_bytes_per_step(base.replace(compression="int8")) == pytest.approx(2 * 3 / 4 * int8, abs=1)
+    onebit = grad_sync_bytes_per_step(base.replace(compression="1bit"))
+    assert onebit / none == pytest.approx((1 / 32) * (1 + 32 / 2048), rel=0.02)
+    # PowerSGD rank r: (m + n)·r per matrix, the vectors whole
+    assert grad_sync_bytes_per_step(base.replace(compression="powersgd", powersgd_rank=1)) < none / 20
+
+
+def test_offload_moves_optimizer_state_to_a_host_figure():
+    import workbench as wb
+
+    base = wb.Config(dp=2, zero=1, batch_size=8, seq_len=32)
+    on, off = wb.estimate(base.replace(offload=True)).memory, wb.estimate(base).memory
+    assert on.optimizer == 0 and off.host == 0
+    assert on.host == off.optimizer + 2 * off.parameters // 2  # moments + fp32 master + pinned grads, 1/dp share
+    assert on.total == off.total - off.optimizer
+    z3 = wb.estimate(base.replace(zero=3, offload=True)).memory
+    assert z3.parameters == z3.gradients == z3.optimizer == 0 and z3.host > 0

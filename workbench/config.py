@@ -20,6 +20,7 @@ from workbench.engine.parallel.schedule_grid import virtual_stages
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
+Compression = Literal["none", "fp16", "bf16", "powersgd", "int8", "1bit"]
 
 SCHEDULE_HELP = {
     "gpipe": "GPipe: all forwards, then all backwards; simple, holds every micro-batch's activations",
@@ -32,6 +33,19 @@ ZERO_HELP = {
     2: "ZeRO 2 = FSDP2 without resharding after forward: gradients and optimizer state sharded",
     3: "ZeRO 3 = FSDP2: parameters, gradients and optimizer state sharded; parameters gathered per layer",
 }
+COMPRESSION_HELP = {
+    "none": "no compression: gradients all-reduced (zero 0/1) or reduce-scattered (zero 2/3) in fp32",
+    "fp16": "gradients sent in fp16: half the bytes (DDP's fp16_compress_hook; FSDP2's reduce_dtype)",
+    "bf16": "gradients sent in bf16: half the bytes, fp32's range (DDP's bf16_compress_hook; FSDP2's reduce_dtype)",
+    "powersgd": "PowerSGD (zero 0/1): each gradient matrix sent as a rank-r product, with error feedback",
+    "int8": "int8 with a scale per 256 values (zero 0/1): about 1/4 of the bytes, with error feedback",
+    "1bit": "signs with a scale per 2048 values (zero 0/1): about 1/32 of the bytes, with error feedback",
+}
+OFFLOAD_HELP = (
+    "ZeRO-Offload: AdamW's moments live in host memory and the optimizer step runs on the host. zero 0/1: a "
+    "host AdamW over fp32 master copies, parameters copied back to the device; zero 2/3: FSDP2's "
+    "CPUOffloadPolicy, which also keeps the parameter and gradient shards on the host between uses"
+)
 RECOMPUTE_HELP = {
     "none": "no activation checkpointing: every activation kept for backward",
     "selective": "checkpoint every other transformer block: less memory, some recomputation",
@@ -177,6 +191,14 @@ class Config:
     """AdamW weight decay."""
     seed: int = 0
     """Seeds the model's initial weights and the order of the data."""
+    compression: Compression = "none"
+    """Compression of the data-parallel gradient sync (needs dp > 1): "none", "fp16", "bf16" (any zero stage),
+    "powersgd", "int8", "1bit" (zero 0/1: DDP comm hooks; int8/1bit with error feedback). See COMPRESSION_HELP."""
+    powersgd_rank: int = 2
+    """Rank r of PowerSGD's low-rank factors (compression="powersgd"): an m x n gradient sends (m + n)·r values."""
+    offload: bool = False
+    """ZeRO-Offload: optimizer state (AdamW moments, fp32 master weights) and the optimizer step on the host
+    (CPU memory), parameters copied back to the device after each step. See OFFLOAD_HELP."""
 
     def __post_init__(self) -> None:
         m = self.model
@@ -193,6 +215,10 @@ class Config:
         _check_choice("schedule", self.schedule, get_args(Schedule))
         _check_choice("activation_checkpointing", self.activation_checkpointing, get_args(Recompute))
         _check_choice("precision", self.precision, get_args(Precision))
+        _check_choice("compression", self.compression, get_args(Compression))
+        _check_positive(powersgd_rank=self.powersgd_rank)
+        if not isinstance(self.offload, bool):
+            raise _refuse("offload", f"must be True or False, got {self.offload!r}", "pass offload=True or False")
         if self.weight_decay < 0:
             raise _refuse("weight_decay", f"must be ≥ 0, got {self.weight_decay}", "set weight_decay ≥ 0")
 
@@ -236,6 +262,26 @@ class Config:
                           f"parameters (dp={self.dp}, tp={self.tp})",
                           "use zero=2 (FSDP2: optimizer state and gradients sharded), zero=0, or tp=1")
 
+        self._check_compression_and_offload()
+
+    def _check_compression_and_offload(self) -> None:
+        kind = self.compression
+        if kind != "none" and self.dp == 1:
+            raise _refuse("compression", f"{kind!r} compresses the data-parallel gradient sync, but dp=1 has none",
+                          'set dp ≥ 2 or compression="none"')
+        if kind != "none" and self.tp > 1 and self.zero == 0:
+            # With tp > 1, zero=0 is torch's FSDP2-based `replicate`, which takes no DDP comm hook.
+            raise _refuse("compression", f"{kind!r} with tp={self.tp} and zero=0: data parallel over tensor-parallel "
+                          "(DTensor) parameters uses torch's replicate(), which has no communication hook",
+                          'use zero=2 with compression "fp16" or "bf16", or tp=1')
+        if kind in ("powersgd", "int8", "1bit") and self.zero >= 2:
+            raise _refuse("compression", f"{kind!r} needs DDP's comm hooks (zero 0/1); zero={self.zero} is FSDP2, "
+                          "which reduce-scatters gradient shards and has no hook for a custom reduction in torch 2.13",
+                          'use zero=0 or 1 for that compression, or "fp16"/"bf16" (FSDP2\'s reduce_dtype) with zero 2/3')
+        if self.offload and self.tp > 1:
+            raise _refuse("offload", f"offload with tp={self.tp} is not implemented here (the host optimizer of "
+                          "zero 0/1 holds plain tensors, not tensor-parallel DTensors)", "set tp=1 or offload=False")
+
     @property
     def world_size(self) -> int:
         """Ranks this layout needs: dp·tp·pp."""
@@ -262,6 +308,11 @@ class Config:
             parts.append(f"ac:{self.activation_checkpointing}")
         if self.precision != "fp32":
             parts.append(self.precision)
+        if self.compression != "none":
+            parts.append(f"{self.compression}-sync" if self.compression != "powersgd"
+                         else f"powersgd{self.powersgd_rank}")
+        if self.offload:
+            parts.append("offload")
         return "·".join(parts)
 
     def check_world(self, world_size: int) -> None:

@@ -20,7 +20,7 @@ from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, 
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
-CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"]
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"]
 Axis = Literal["dp", "tp", "pp"]
 
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -130,6 +130,11 @@ class Memory:
     other: int
     """Transient working sets: the loss's logits (and their fp32 copy under autocast); under checkpointing, the
     one block that backward rebuilds at a time (saved by the recomputation, not by forward)."""
+
+    host: int = 0
+    """Bytes kept in host memory instead (Config.offload), not in `total`: zero 0/1, AdamW's moments, the fp32
+    master copy and (on CUDA) a pinned gradient buffer of this rank's optimizer share; zero 2/3, FSDP2's
+    CPUOffloadPolicy: the parameter and gradient shards and the moments."""
 
     @property
     def total(self) -> int:
@@ -436,7 +441,7 @@ class _StagePlan:
         if self.checkpointed:
             other += self.block_activations()
         parameters, gradients, optimizer = model_state_memory(self.params, dp, zero)
-        return Memory(
+        memory = Memory(
             parameters=parameters,
             gradients=gradients,
             optimizer=optimizer,
@@ -444,6 +449,7 @@ class _StagePlan:
             activations=self.peak_activations(),
             other=other,
         )
+        return _offloaded(memory, cfg, params) if cfg.offload else memory
 
     def _checkpointed(self, layers: tuple[int, ...]) -> int:
         """How many of `layers` recompute their activations."""
@@ -485,8 +491,11 @@ class _StagePlan:
             else:
                 # DDP's first bucket is small (1 MiB) so that communication starts early in backward.
                 calls, what = 1 + math.ceil(max(0, grads - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES), "gradients"
-            out = [self._collective(hw, "dp", "all_reduce", what, calls, grads / calls, cfg.dp,
-                                    hidden_by=backward_mb_s)]
+            if cfg.compression != "none":
+                out = self._compressed_sync(hw, grads, backward_mb_s)
+            else:
+                out = [self._collective(hw, "dp", "all_reduce", what, calls, grads / calls, cfg.dp,
+                                        hidden_by=backward_mb_s)]
             if cfg.zero == 1:
                 # ZeroRedundancyOptimizer broadcasts each updated parameter tensor from the rank that owns it.
                 out.append(self._collective(hw, "dp", "broadcast", "updated parameters (ZeRO-1)", self.tensors,
@@ -496,6 +505,7 @@ class _StagePlan:
         syncs = m if sync_each_mb else 1
         sync_window = backward_mb_s * syncs
         rest = max(0.0, step_compute_s - sync_window)
+        half = cfg.compression in ("fp16", "bf16")  # FSDP2's reduce_dtype
         if cfg.zero == 2:
             gathers = m if sync_each_mb else 1
             gather_bytes, gather_calls = grads * gathers, units * gathers
@@ -506,9 +516,40 @@ class _StagePlan:
         return [
             self._collective(hw, "dp", "all_gather", f"parameters (ZeRO-{cfg.zero})", gather_calls,
                              gather_bytes / gather_calls, cfg.dp, hidden_by=rest),
-            self._collective(hw, "dp", "reduce_scatter", "gradients", units * syncs, grads / units, cfg.dp,
-                             hidden_by=sync_window),
+            self._collective(hw, "dp", "reduce_scatter", "gradients" + (f" ({cfg.compression})" if half else ""),
+                             units * syncs, grads / units / (2 if half else 1), cfg.dp, hidden_by=sync_window),
         ]
+
+    def _compressed_sync(self, hw: Hardware, grads: int, hidden_by: float) -> list[Collective]:
+        """DDP's gradient sync under a compression hook (zero 0/1, tp = 1; Config refuses the rest)."""
+        cfg = self.cfg
+        buckets = _ddp_buckets(grads)
+        if cfg.compression in ("fp16", "bf16"):
+            return [self._collective(hw, "dp", "all_reduce", f"gradients ({cfg.compression})", len(buckets),
+                                     grads / 2 / len(buckets), cfg.dp, hidden_by=hidden_by)]
+        if cfg.compression == "powersgd":
+            sent = sum(_powersgd_elements(shape, cfg.powersgd_rank) for shape in self.shapes())
+            return [self._collective(hw, "dp", "all_reduce", f"gradients (PowerSGD rank {cfg.powersgd_rank})",
+                                     3 * len(buckets), 4 * sent / (3 * len(buckets)), cfg.dp, hidden_by=hidden_by)]
+        payload = sum(quantized_bucket_bytes(b // 4, cfg.dp, cfg.compression) for b in buckets)
+        # Two phases per bucket, each moving the whole quantised bucket: all_to_all, then all_gather.
+        return [self._collective(hw, "dp", "all_to_all", f"gradients ({cfg.compression}, phase 1)", len(buckets),
+                                 payload / len(buckets), cfg.dp, hidden_by=hidden_by),
+                self._collective(hw, "dp", "all_gather", f"gradients ({cfg.compression}, phase 2)", len(buckets),
+                                 payload / len(buckets), cfg.dp, hidden_by=hidden_by)]
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Parameter shapes of this stage (tp = 1): what PowerSGD compresses, matrix by matrix."""
+        m = self.cfg.model
+        kv = m.kv_heads * m.head_dim
+        block = [(m.dim, m.dim), (kv, m.dim), (kv, m.dim), (m.dim, m.dim), (m.hidden_dim, m.dim),
+                 (m.dim, m.hidden_dim), (m.hidden_dim, m.dim), (m.dim,), (m.dim,)]
+        shapes = block * len(self.layers)
+        if self.first:
+            shapes.append((m.vocab_size, m.dim))
+        if self.last:
+            shapes += [(m.dim,), (m.vocab_size, m.dim)]
+        return shapes
 
     def _tp_comm(self, hw: Hardware) -> list[Collective]:
         cfg, m = self.cfg, self.cfg.model
@@ -548,3 +589,53 @@ class _StagePlan:
         # Each boundary is crossed both ways: this rank sends as many activations and gradients as it receives.
         return [self._collective(hw, "pp", "send_recv", "activations and their gradients",
                                  self.boundaries * cfg.micro_batches, self._residual(), 2)]
+
+
+# --- compression and offload (Config.compression, Config.offload) ---------------------------------------------
+
+QUANT_BLOCK = {"int8": 256, "1bit": 2048}
+"""Values per scale, as workbench.engine.parallel.quantize uses them (kept here: no torch import)."""
+
+
+def _ddp_buckets(grad_bytes: int) -> list[int]:
+    """DDP's bucket sizes in bytes: a first bucket of 1 MiB, then 25 MiB ones (parameter boundaries ignored)."""
+    first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+    rest = grad_bytes - first
+    return [first] + [min(DDP_BUCKET_BYTES, rest - i) for i in range(0, rest, DDP_BUCKET_BYTES)]
+
+
+def quantized_bucket_bytes(values: int, dp: int, scheme: str) -> int:
+    """Bytes of one bucket of `values` fp32 gradients quantised whole: padded to dp·block values, 1 byte (int8)
+    or 1 bit (1bit) per value plus a 4-byte scale per block."""
+    block = QUANT_BLOCK[scheme]
+    padded = -(-values // (dp * block)) * dp * block
+    return (padded if scheme == "int8" else padded // 8) + 4 * (padded // block)
+
+
+def _powersgd_elements(shape: tuple[int, ...], rank: int) -> int:
+    """fp32 values PowerSGD all-reduces for one parameter: P (m·r) and Q (n·r) for a matrix worth compressing
+    (torch's min_compression_rate 2: m·n ≥ 2·(m + n)·r), else the whole tensor."""
+    if len(shape) == 2:
+        rows, cols = shape
+        r = min(rank, rows, cols)
+        if rows * cols >= 2 * (rows + cols) * r:
+            return (rows + cols) * r
+    return math.prod(shape)
+
+
+def _offloaded(memory: Memory, cfg: Config, params: int) -> Memory:
+    """Memory with Config.offload: what leaves the device and what the host holds instead."""
+    import dataclasses
+
+    if cfg.zero >= 2:
+        host = memory.parameters + memory.gradients + memory.optimizer
+        return dataclasses.replace(memory, parameters=0, gradients=0, optimizer=0, host=host)
+    share = _ceil_div(params, cfg.dp if cfg.zero == 1 else 1)
+    return dataclasses.replace(memory, optimizer=0, host=memory.optimizer + 2 * share)
+
+
+def grad_sync_bytes_per_step(cfg: Config, hardware: str | Hardware = "h100") -> int:
+    """Bytes one rank sends per step for the data-parallel gradient sync: what `StepMetrics.grad_sync_bytes`
+    measures (the dp collectives' wire bytes, parameter gathers and ZeRO-1's broadcast excluded)."""
+    est = estimate(cfg, hardware)
+    return sum(c.wire_bytes for c in est.comm if c.axis == "dp" and c.what.startswith("gradients"))

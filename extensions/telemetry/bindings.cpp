@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "completion.h"
 #include "intervals.h"
+#include "quantize.h"
 #include "recorder.h"
 #include "recording_backend.h"
 
@@ -137,4 +138,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("release"));
   m.def("has_cuda_marker", &wbt::has_cuda_marker);
   m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
+
+  wbt::bind_quantize(m);
 }

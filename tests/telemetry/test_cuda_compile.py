@@ -85,6 +85,13 @@ def test_marks_without_a_usable_gpu(fresh_library):
     assert cuda.live_marks() == 0
     mark_fn, release_fn = cuda.marker_addresses()
     assert mark_fn and release_fn and mark_fn != release_fn
+def test_quantizer_kernels_are_compiled_in(fresh_library):
+    # The compression quantisers (extensions/cuda/quantize.cu) are declared by their Python face.
+    from workbench.engine.parallel import quantize
+
+    lib = ctypes.CDLL(str(fresh_library))
+    for name in quantize.CUDA_FUNCTIONS:
+        assert hasattr(lib, name), name
 
 
 def test_without_a_usable_gpu_errors_are_clean(fresh_library):

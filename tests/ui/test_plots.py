@@ -155,7 +155,7 @@ def test_one_update_message_per_figure_per_tick_and_none_without_news(recorded):
     updates = [names[cid] for cid, data in recorded if cid in names and data["state"].get("_py2js_update")]
     # Each figure whose data changed sends one update carrying all of its edits (the pipeline panel,
     # pp = 1 here, has nothing new).
-    assert sorted(updates) == ["loss", "memory", "overlap", "throughput", "timeline"]
+    assert sorted(updates) == ["loss", "memory", "overlap", "sync_bytes", "throughput", "timeline"]
     recorded.clear()
     assert not plots.refresh() and recorded == []
 
@@ -225,3 +225,24 @@ def test_plots_read_a_store_written_from_another_thread():
     writer.join()
     plots.refresh()
     assert len(plots.figures["loss"].data[0].x) == 200
+
+
+def test_sync_bytes_panel_draws_the_measured_bytes_with_layout_changes():
+    import dataclasses
+
+    store = TelemetryStore()
+    store.add_layout_change(0, wb.Config(dp=2))
+    store.add_layout_change(3, wb.Config(dp=2, compression="int8"))
+    for step in range(6):
+        for r in range(2):
+            sent = 4000 if step < 3 else 1000 + r
+            store.add(r, dataclasses.replace(step_metrics(r, step), grad_sync_bytes=sent))
+    fig = LivePlots(store, 2).figures["sync_bytes"]
+    assert list(fig.data[0].y) == [4000] * 3 + [1000] * 3 and list(fig.data[1].y) == [4000] * 3 + [1001] * 3
+    assert [s.x0 for s in fig.layout.shapes] == [-0.5, 2.5]
+    assert _notes(fig) == ["dp2", "dp2·int8-sync"]
+
+
+def test_sync_bytes_panel_says_when_nothing_was_measured():
+    fig = LivePlots(_fed(3), 2).figures["sync_bytes"]
+    assert any("no data-parallel gradient sync" in n for n in _notes(fig))

@@ -19,7 +19,7 @@ def test_one_file_with_plotly_once_every_panel_and_every_layout(tmp_path):
     text = path.read_text()
     assert text.count("plotly.js v") == 1  # the library's banner: embedded exactly once
     assert not re.search(r"<script[^>]+src=", text)  # nothing fetched from elsewhere
-    assert text.count("Plotly.newPlot(") == 6
+    assert text.count("Plotly.newPlot(") == 7  # one per panel
     for expected in ("dp2·zero1", "tp2·bf16", "<th>from step</th>", "<td>5</td>", "tiny", "steps trained"):
         assert expected in text, expected
 

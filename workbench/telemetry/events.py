@@ -91,3 +91,6 @@ class StepMetrics:
     """On CUDA, at the end of the step: "device_used"/"device_total" from cudaMemGetInfo (every process on the
     GPU, read by the compiled CUDA library) beside torch's allocator: "allocated", "reserved",
     "peak_allocated"; empty on CPU."""
+    grad_sync_bytes: int = 0
+    """Bytes this rank sent for the data-parallel gradient sync in the step (each recorded collective's size
+    times its bus factor; `workbench.telemetry.grad_sync`); 0 with dp = 1 or telemetry off."""

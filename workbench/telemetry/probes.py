@@ -70,12 +70,15 @@ def gradient_bytes(modules: list[nn.Module]) -> int:
     return sum(local_bytes(p.grad) for m in modules for p in m.parameters() if p.grad is not None)
 
 
-def optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
+def optimizer_bytes(optimizers: list[torch.optim.Optimizer], device: torch.device) -> int:
+    """Optimizer state held on `device`: with offload (Config.offload) a GPU rank's moments live on the host and
+    are not counted; on a CPU rank the host is the device."""
     total = 0
     for opt in optimizers:
         inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's state in .optim
         for state in inner.state.values():
-            total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+            total += sum(local_bytes(v) for v in state.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device.type == device.type)
     return total
 
 
@@ -345,7 +348,7 @@ class StepProbe(NullProbe):
         current = {
             "parameters": parameter_bytes(modules),
             "gradients": gradient_bytes(modules),
-            "optimizer": optimizer_bytes(self.trainer.optimizers),
+            "optimizer": optimizer_bytes(self.trainer.optimizers, self.trainer.device),
             "activations": self.meter.live,
         }
         process = process_bytes(self.device)

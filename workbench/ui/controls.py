@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from workbench.config import PRESETS, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, ConfigError, ModelConfig, divisors
+from workbench.config import COMPRESSION_HELP, OFFLOAD_HELP
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
@@ -63,7 +64,13 @@ class Controls:
                                               style=_LABEL, layout=widgets.Layout(width="140px"))
         self.lr = widgets.FloatText(description="lr", value=cfg.lr, step=1e-4, style=_LABEL,
                                     layout=widgets.Layout(width="140px"))
-        self._kept = {"weight_decay": cfg.weight_decay, "seed": cfg.seed}  # not shown; carried over unchanged
+        self.compression = widgets.Dropdown(description="compression", options=list(COMPRESSION_HELP),
+                                            value=cfg.compression, style=_LABEL, layout=widgets.Layout(width="210px"),
+                                            tooltip="compression of the data-parallel gradient sync")
+        self.offload = widgets.Checkbox(description="offload optimizer (ZeRO-Offload)", value=cfg.offload,
+                                        indent=False, layout=widgets.Layout(width="240px"))
+        self._kept = {"weight_decay": cfg.weight_decay, "seed": cfg.seed,  # not shown; carried over unchanged
+                      "powersgd_rank": cfg.powersgd_rank}
 
         self.apply_button = widgets.Button(description="Apply", button_style="primary", icon="check",
                                            tooltip="build this layout on the ranks (reshards a trained model)")
@@ -105,7 +112,8 @@ class Controls:
     @property
     def inputs(self) -> list[widgets.ValueWidget]:
         return [self.model, self.dp, self.tp, self.pp, self.zero, self.schedule, self.micro_batches,
-                self.stages_per_rank, self.recompute, self.precision, self.batch_size, self.seq_len, self.lr]
+                self.stages_per_rank, self.recompute, self.precision, self.batch_size, self.seq_len, self.lr,
+                self.compression, self.offload]
 
     def _layout(self) -> widgets.Widget:
         row = lambda *ws: widgets.HBox(list(ws), layout=widgets.Layout(flex_flow="row wrap", align_items="center",
@@ -113,7 +121,7 @@ class Controls:
         return widgets.VBox([
             row(self.model, self.dp, self.tp, self.pp, self.zero),
             row(self.schedule, self.micro_batches, self.stages_per_rank, self.recompute, self.precision),
-            row(self.batch_size, self.seq_len, self.lr),
+            row(self.batch_size, self.seq_len, self.lr, self.compression, self.offload),
             row(self.apply_button, self.steps, self.train_button, self.stop_button, self.restart_button),
             self.message, self.explain, self.status,
         ], layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
@@ -125,7 +133,7 @@ class Controls:
                     zero=self.zero.value, schedule=self.schedule.value, micro_batches=self.micro_batches.value,
                     stages_per_rank=self.stages_per_rank.value, activation_checkpointing=self.recompute.value,
                     precision=self.precision.value, batch_size=self.batch_size.value, seq_len=self.seq_len.value,
-                    lr=self.lr.value, **self._kept)
+                    lr=self.lr.value, compression=self.compression.value, offload=self.offload.value, **self._kept)
 
     def set_config(self, cfg: Config) -> None:
         """Show `cfg` in the inputs (validated like any user change)."""
@@ -134,13 +142,14 @@ class Controls:
             name = "current (custom)"
             self._models[name] = cfg.model
             self.model.options = list(self._models)
-        self._kept = {"weight_decay": cfg.weight_decay, "seed": cfg.seed}
+        self._kept = {"weight_decay": cfg.weight_decay, "seed": cfg.seed, "powersgd_rank": cfg.powersgd_rank}
         with self.model.hold_trait_notifications():
             for widget, value in ((self.model, name), (self.dp, cfg.dp), (self.tp, cfg.tp), (self.pp, cfg.pp),
                                   (self.zero, cfg.zero), (self.schedule, cfg.schedule),
                                   (self.micro_batches, cfg.micro_batches), (self.stages_per_rank, cfg.stages_per_rank),
                                   (self.recompute, cfg.activation_checkpointing), (self.precision, cfg.precision),
-                                  (self.batch_size, cfg.batch_size), (self.seq_len, cfg.seq_len), (self.lr, cfg.lr)):
+                                  (self.batch_size, cfg.batch_size), (self.seq_len, cfg.seq_len), (self.lr, cfg.lr),
+                                  (self.compression, cfg.compression), (self.offload, cfg.offload)):
                 widget.value = value
         self.validate()
 
@@ -285,6 +294,10 @@ class Controls:
         if self.pp.value > 1:
             lines.append(SCHEDULE_HELP[self.schedule.value])
         lines.append(RECOMPUTE_HELP[self.recompute.value])
+        if self.compression.value != "none":
+            lines.append(COMPRESSION_HELP[self.compression.value])
+        if self.offload.value:
+            lines.append(OFFLOAD_HELP)
         return "<div style='color:#444;font-size:12px;line-height:1.35'>" + "<br>".join(
             "ℹ " + html.escape(line, quote=False) for line in lines) + "</div>"
 

@@ -321,6 +321,35 @@ def draw_pipeline(fig: go.Figure, snap: Snapshot) -> None:
     fig.layout.annotations = _note(None if measured else "measured schedule: F/B intervals not reported yet", y=0.2)
 
 
+# -- gradient-sync bytes per step (Config.compression) ---------------------------------------------------
+def setup_sync_bytes(fig: go.Figure, world_size: int) -> None:
+    _base_layout(fig, "Gradient sync: bytes sent per step per rank")
+    for r in range(world_size):
+        fig.add_scatter(name=f"rank {r}", mode="lines+markers", marker=dict(size=4), line=dict(color=_rank_color(r)))
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="bytes sent", rangemode="tozero")
+
+
+def draw_sync_bytes(fig: go.Figure, snap: Snapshot) -> None:
+    """StepMetrics.grad_sync_bytes as measured on each rank; layout changes (e.g. none → int8) marked as on the
+    loss plot, so the two plots read side by side."""
+    any_sync = False
+    for r, trace in enumerate(fig.data):
+        steps = snap.steps(r)
+        any_sync |= any(m.grad_sync_bytes for m in steps)
+        trace.x, trace.y = [m.step for m in steps], [m.grad_sync_bytes for m in steps]
+        trace.customdata = [m.layout for m in steps]
+        trace.hovertemplate = "step %{x}<br>%{y:,} B<br>%{customdata}<extra></extra>"
+    fig.layout.shapes = [dict(type="line", x0=c.step - 0.5, x1=c.step - 0.5, y0=0, y1=1, yref="paper",
+                              line=dict(color="#888", dash="dot", width=1)) for c in snap.layout_changes]
+    labels = [dict(text=c.layout, x=c.step - 0.5, y=1, xref="x", yref="paper", showarrow=False, textangle=-90,
+                   xanchor="left", yanchor="top", font=dict(size=11, color="#555")) for c in snap.layout_changes]
+    steps = snap.steps(0)
+    fig.layout.annotations = labels + _note(None if any_sync else "no data-parallel gradient sync measured yet "
+                                            "(needs dp > 1 and telemetry)" if steps else "no steps yet", y=0.5)
+    _axes_visible(fig, bool(steps))
+
+
 # -- the set of panels, live and static ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Panel:
@@ -336,6 +365,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("timeline", setup_timeline, draw_timeline),
     Panel("overlap", setup_overlap, draw_overlap),
     Panel("pipeline", setup_pipeline, draw_pipeline),
+    Panel("sync_bytes", setup_sync_bytes, draw_sync_bytes),
 )
 
 

@@ -29,13 +29,15 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
+from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
+from workbench.engine.parallel.offload import HostOffloadAdamW
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
@@ -46,8 +48,11 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
     # No buffer sync: the only buffer is the rotary table, identical everywhere by construction, and
     # broadcasting it before every forward would add a collective per step that the timeline then shows.
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
-                                   **{_NO_BUFFER_SYNC: False})
+    ddp = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
+                                  **{_NO_BUFFER_SYNC: False})
+    # Gradient compression is a comm hook: it replaces DDP's bucket all-reduce (Config.compression).
+    apply_compression(ddp, dp_mesh.get_group(), cfg)
+    return ddp
 
 
 # torch 2.13 renamed broadcast_buffers (now deprecated, with a warning) to forward_sync_buffers.
@@ -75,12 +80,31 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> Transfor
     # gradients reduce-scattered just after its backward, overlapping communication with the
     # neighbouring blocks' computation. ZeRO-2 keeps gathered parameters from forward to backward.
     per_block = cfg.zero == 3
+    policies = _fsdp_policies(dp_mesh, cfg)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block, **policies)
     # The root's parameters are used first thing in backward (the output head), so resharding them
     # after forward would only gather them again at once: None lets FSDP2 keep them (root rule).
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=None if per_block else False)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=None if per_block else False, **policies)
     return model
+
+
+def _fsdp_policies(dp_mesh: DeviceMesh, cfg: Config) -> dict:
+    """FSDP2's knobs for Config.compression and Config.offload (zero 2/3).
+
+    compression "fp16"/"bf16": gradients reduce-scattered in that dtype (parameters stay fp32; the
+    precision setting is autocast's business). offload: CPUOffloadPolicy keeps the parameter and
+    gradient shards and so the optimizer state and step on the host; each all-gather first copies the
+    shard to the device (pinned memory on CUDA). That offloads more than ZeRO-Offload (which keeps
+    fp16 parameters on the device), traded for one host-to-device copy of the shard per gather.
+    """
+    policies: dict = {}
+    reduce_dtype = fsdp_reduce_dtype(cfg)
+    if reduce_dtype is not None:
+        policies["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    if cfg.offload:
+        policies["offload_policy"] = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda")
+    return policies
 
 
 def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
@@ -93,12 +117,17 @@ def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
 
 
 def build_optimizer(module: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> torch.optim.Optimizer:
-    """AdamW over `module`'s parameters; with zero=1 its state is sharded over the dp axis."""
+    """AdamW over `module`'s parameters; with zero=1 its state is sharded over the dp axis.
+
+    With cfg.offload and zero 0/1 the AdamW is `HostOffloadAdamW` (state and step on the host); with
+    zero 2/3 FSDP2's CPUOffloadPolicy already put the shards on the host, so a plain AdamW steps there.
+    """
     hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer_class = HostOffloadAdamW if cfg.offload and (cfg.zero <= 1 or dp_mesh.size() == 1) else torch.optim.AdamW
     if cfg.zero == 1 and dp_mesh.size() > 1:
-        return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.AdamW,
+        return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_class,
                                        process_group=dp_mesh.get_group(), **hyper)
-    return torch.optim.AdamW(module.parameters(), **hyper)
+    return optimizer_class(module.parameters(), **hyper)
 
 
 @contextlib.contextmanager
