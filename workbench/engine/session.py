@@ -18,7 +18,7 @@ from workbench.checkpoints import SaveSchedule
 from workbench.config import Config
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
-from workbench.engine.mesh import build_mesh, mesh_layout
+from workbench.engine.mesh import build_mesh, mesh_key
 from workbench.engine.state import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
@@ -30,7 +30,7 @@ class Session:
     trainer: Trainer
     next_step: int
     """Index of the global batch the next step trains on; continues across layout changes."""
-    meshes: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+    meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
 
 
 def _session() -> Session:
@@ -66,7 +66,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     with rank.unchecked():
         state = export_full_state(old.trainer) if carry else None
         meshes = old.meshes if old is not None else {}
-        layout = mesh_layout(cfg).shape
+        layout = mesh_key(cfg)
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
         if layout not in meshes:
             meshes[layout] = build_mesh(cfg, _device_type())
