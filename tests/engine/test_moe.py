@@ -10,6 +10,8 @@ which are integers and must agree exactly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from workbench.config import Config, ModelConfig
@@ -66,3 +68,15 @@ def test_resharding_into_and_out_of_expert_parallel(pool):
     chain = [(BASE.replace(dp=2, zero=1), 2), (BASE.replace(dp=2, ep=2), 2), (BASE.replace(dp=2, ep=2, zero=3), 2),
              (BASE.replace(dp=2, zero=2), 2)]
     check_chain(pool.run(fns.train_through_layouts, chain), chain)
+
+
+def test_drops_are_the_same_in_every_layout(pool):
+    # Capacity for a quarter of a sequence's even share: most sequences drop. The routing group is a sequence, so
+    # dp2·ep2 drops exactly the assignments one process drops, and trains to the same losses.
+    cfg = BASE.replace(model=dataclasses.replace(MOE, capacity_factor=0.25))
+    reference = fns.reference_run(cfg, 2)
+    results = pool.run(fns.train, cfg.replace(dp=2, ep=2), 2)
+    assert sum(map(sum, reference["tokens_dropped"])) > 0
+    assert results[0]["tokens_dropped"] == reference["tokens_dropped"]
+    assert results[0]["expert_load"] == reference["expert_load"]
+    assert results[0]["losses"] == pytest.approx(reference["losses"], rel=REL)
