@@ -125,3 +125,9 @@ def test_the_model_reports_aux_loss_and_routing_of_every_moe_layer():
     assert load.sum(-1).tolist() == [2 * 32 * m.top_k] * 2
     assert moe_aux_loss(model).item() == pytest.approx(sum(l.last_aux_loss.item()
                                                            for l in model.modules() if isinstance(l, MoEFeedForward)))
+
+
+def test_routing_settings_keep_the_weights_so_a_layout_change_carries_them():
+    assert MOE.same_weights(dataclasses.replace(MOE, capacity_factor=0.5, top_k=1, aux_loss_coef=0.0))
+    assert not MOE.same_weights(dataclasses.replace(MOE, n_experts=8))
+    assert not MOE.same_weights(dataclasses.replace(MOE, shared_expert=True))

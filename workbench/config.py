@@ -128,13 +128,25 @@ class ModelConfig:
             raise _refuse("model.moe_every", f"moe_every={self.moe_every!r} must be an integer in 1..n_layers="
                           f"{self.n_layers}", "choose moe_every so that at least one block is a mixture of experts")
 
+    def same_weights(self, other: "ModelConfig") -> bool:
+        """Whether `other` describes the same parameters: equal but for the routing settings (top_k,
+        capacity_factor, aux_loss_coef), which change how experts are used, not what they are."""
+        routing = {"top_k", "capacity_factor", "aux_loss_coef"}
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
+                   if f.name not in routing)
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether block `layer`'s FFN is a mixture of experts."""
         return self.n_experts > 0 and (layer + 1) % self.moe_every == 0
 
     @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the blocks whose FFN is a mixture of experts."""
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
+
+    @property
     def n_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+        return len(self.moe_layers)
 
     def expert_capacity(self, seq_len: int) -> int:
         """Slots per expert per sequence (the routing group): ceil(capacity_factor·seq_len·top_k / n_experts)."""

@@ -57,12 +57,15 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     """Build the layout `cfg` describes; if a model exists, carry its trained state over (reshard in place).
 
     A new model starts instead (from the seed, at step 0) when `fresh` is set
-    or the model's shape or seed changed: there is no state to carry then.
+    or the model's shape or seed changed: there is no state to carry then
+    (a mixture of experts' routing settings are not its shape: they carry).
     The new trainer is complete before the old one is dropped, so a failure
     here leaves the previous model as it was.
     """
     old: Session | None = rank.state.get("session")
-    carry = old is not None and not fresh and (old.trainer.cfg.model, old.trainer.cfg.seed) == (cfg.model, cfg.seed)
+    # Routing settings (capacity, top_k, balancing weight) may change on a trained mixture of experts: same weights.
+    carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
+             and old.trainer.cfg.seed == cfg.seed)
     with rank.unchecked():
         state = export_full_state(old.trainer) if carry else None
         meshes = old.meshes if old is not None else {}
