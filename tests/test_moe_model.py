@@ -131,3 +131,18 @@ def test_routing_settings_keep_the_weights_so_a_layout_change_carries_them():
     assert MOE.same_weights(dataclasses.replace(MOE, capacity_factor=0.5, top_k=1, aux_loss_coef=0.0))
     assert not MOE.same_weights(dataclasses.replace(MOE, n_experts=8))
     assert not MOE.same_weights(dataclasses.replace(MOE, shared_expert=True))
+
+
+def test_checkpoints_of_an_expert_parallel_layout_are_refused_with_the_fix(tmp_path):
+    import workbench as wb
+    from tests.ui.fakes import FakePool
+    from workbench.checkpoints import CheckpointError
+
+    bench = wb.Workbench(pool=FakePool(world_size=2))
+    bench.apply(Config(model=MOE, dp=2, ep=2))
+    with pytest.raises(CheckpointError, match=r"^ep: .*Fix: bench.apply\(cfg.replace\(ep=1\)\)"):
+        bench.save(tmp_path)
+    with pytest.raises(CheckpointError, match="^ep: "):
+        bench.load(tmp_path)
+    with pytest.raises(CheckpointError, match="^ep: "):
+        bench.train(5, save_every=2, save_to=tmp_path)

@@ -129,6 +129,8 @@ class Workbench:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
         saves = checkpoints.schedule(save_every, save_to, keep)
+        if saves is not None:
+            checkpoints.refuse_expert_parallel(self.config, "save checkpoints periodically")
         from workbench.engine import session
 
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
