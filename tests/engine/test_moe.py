@@ -59,9 +59,13 @@ def test_expert_parallel_matches_one_process(pool, reference, name):
             assert all(r["params_local"] == MOE.num_params - experts // 2 for r in results)
 
 
-def test_expert_replicas_sync_over_edp(pool4, reference):
-    # dp=4, ep=2: two replicas (edp=2) of each expert slice, whose gradients must be all-reduced over edp only.
-    assert_moe_parity(pool4.run(fns.train, BASE.replace(dp=4, ep=2), STEPS), reference)
+@pytest.mark.parametrize("zero", [0, 3])
+def test_expert_replicas_sync_over_edp(pool4, reference, zero):
+    # dp=4, ep=2: two replicas (edp=2) of each expert slice, whose gradients must be all-reduced (zero 0) or
+    # reduce-scattered (zero 3, FSDP2 over edp) over edp only.
+    results = pool4.run(fns.train, BASE.replace(dp=4, ep=2, zero=zero), STEPS)
+    assert_moe_parity(results, reference)
+    assert [(r["mesh"]["edp"][0], r["mesh"]["ep"][0]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def test_resharding_into_and_out_of_expert_parallel(pool):

@@ -96,6 +96,9 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
         for _, experts in expert_modules(model):
             fully_shard(experts, mesh=expert_mesh, reshard_after_forward=per_block)
             experts.set_gradient_divide_factor(float(dp_mesh.size()))  # the mean over all dp ranks' tokens
+            if expert_mesh.device_type == "cpu":
+                # A custom divide factor makes FSDP2 reduce with PREMUL_SUM, which gloo lacks: sum, then divide.
+                experts.set_force_sum_reduction_for_comms(True)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block)
     # The root's parameters are used first thing in backward (the output head), so resharding them
