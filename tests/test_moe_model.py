@@ -146,3 +146,20 @@ def test_checkpoints_of_an_expert_parallel_layout_are_refused_with_the_fix(tmp_p
         bench.load(tmp_path)
     with pytest.raises(CheckpointError, match="^ep: "):
         bench.train(5, save_every=2, save_to=tmp_path)
+
+
+def test_moe_flops_per_token_agree_with_the_flop_counter():
+    # Nothing dropped (capacity for a whole sequence): each token goes through top_k experts and the router.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from workbench.engine.model import loss_fn
+    from workbench.estimate import flops_per_token
+
+    cfg = dataclasses.replace(MOE, capacity_factor=2.0, shared_expert=True)
+    model = build_model(cfg, 0)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 65), generator=torch.Generator().manual_seed(0))
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    assert counter.get_total_flops() / (2 * 64) == flops_per_token(cfg, 64)
