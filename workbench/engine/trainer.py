@@ -241,7 +241,7 @@ class Trainer:
         if moe is not None:
             layers, experts = moe[1].shape
             counts = [round(v) for v in values[7:]]
-            extra = dict(aux_loss=values[6] / weight,
+            extra = dict(aux_loss=values[6] / weight if weight else float("nan"),
                          expert_load=tuple(tuple(counts[i * experts:(i + 1) * experts]) for i in range(layers)),
                          tokens_dropped=tuple(counts[layers * experts:]))
         # Every rank sees the same sum, so a non-finite loss is a verdict all agree on, at no extra cost.
