@@ -21,8 +21,8 @@ DTensors at all; `Config` refuses zero=1 with tp > 1.
 Expert-parallel slices (ep > 1, engine/parallel/expert.py) differ across the
 ep ranks, so they are kept out of the dp-wide synchronisation and synchronised
 over the "edp" axis (`expert_mesh`) instead: DDP ignores them and a gradient
-hook all-reduces them over edp; with ZeRO-2/3 each layer's experts are their
-own FSDP2 unit sharded over edp. Both divide by the whole dp degree.
+hook averages them over edp; with ZeRO-2/3 each layer's experts are their
+own FSDP2 unit sharded over edp (expert.py says why a mean over edp is right).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config,
 
         ignored = [f"{name}.{p}" for name, m in expert_modules(model) for p, _ in m.named_parameters()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
-        sync_expert_gradients_with_hooks(model, expert_mesh, dp_mesh.size())
+        sync_expert_gradients_with_hooks(model, expert_mesh)
     # process_group, not device_mesh: given a slice of a larger mesh, DDP applies its TP workaround.
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
     # No buffer sync: the only buffer is the rotary table, identical everywhere by construction, and
@@ -95,10 +95,6 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
         # First, so each block's unit below leaves the expert slices to theirs (sharded over edp only).
         for _, experts in expert_modules(model):
             fully_shard(experts, mesh=expert_mesh, reshard_after_forward=per_block)
-            experts.set_gradient_divide_factor(float(dp_mesh.size()))  # the mean over all dp ranks' tokens
-            if expert_mesh.device_type == "cpu":
-                # A custom divide factor makes FSDP2 reduce with PREMUL_SUM, which gloo lacks: sum, then divide.
-                experts.set_force_sum_reduction_for_comms(True)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block)
     # The root's parameters are used first thing in backward (the output head), so resharding them

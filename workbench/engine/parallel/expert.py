@@ -13,10 +13,12 @@ Backward runs the two token exchanges in reverse (the gradient of an
 all-to-all is the all-to-all with the splits swapped).
 
 Gradients: a local expert's gradient sums the contributions of all ep ranks'
-tokens (the all-to-all backward brings them home), so expert parameters are
-synchronised over "edp" only (the replicas of the same experts), and divided
-by the whole dp degree like the dense ones are by DDP/FSDP: both then hold the
-gradient of the mean loss over the global batch.
+tokens (the all-to-all backward brings them home), where a dense parameter's
+holds one rank's. So the expert slices' gradient is scaled by 1/ep (in backward
+only, exact for a power of two), then averaged over "edp" (the replicas of the
+same experts: a gradient hook under DDP, FSDP2's own mean over edp under ZeRO
+2/3), as the dense gradients are averaged over dp: both then hold the gradient
+of the mean loss over the global batch.
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `factor`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
 class ExpertParallelExperts(GroupedExperts):
     """This rank's slice of a layer's experts (same parameter names, so state keys stay the bare model's),
     taking the layer's tokens for *all* experts and exchanging them over the ep axis."""
@@ -79,7 +94,10 @@ class ExpertParallelExperts(GroupedExperts):
         expert_of_row = torch.repeat_interleave(
             torch.arange(n_local, device=tokens.device).repeat(ep), received.flatten())
         by_expert = torch.argsort(expert_of_row, stable=True)
-        out = super().forward(arrived[by_expert], received.sum(dim=0))
+        # The weights' gradient summed every ep rank's tokens: 1/ep of the output's gradient makes it a mean, and
+        # ep times the input's gradient leaves the tokens' gradient as it was (the experts are linear in it).
+        local = _ScaleGrad.apply(arrived[by_expert], float(ep))
+        out = _ScaleGrad.apply(super().forward(local, received.sum(dim=0)), 1.0 / ep)
         # 3. outputs back to where their tokens came from, in the arrival order.
         return _AllToAll.apply(out[torch.argsort(by_expert)], send_splits, recv_splits, self.group)
 
@@ -103,15 +121,16 @@ def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for _, m in expert_modules(model) for p in m.parameters()]
 
 
-def sync_expert_gradients_with_hooks(model: nn.Module, edp_mesh: DeviceMesh, dp_size: int) -> None:
-    """For DDP (zero 0), which ignores the expert slices: all-reduce each expert gradient over edp as autograd
-    produces it (every micro-batch: a sum of all-reduces is the all-reduce of the sum), divided by dp."""
+def sync_expert_gradients_with_hooks(model: nn.Module, edp_mesh: DeviceMesh) -> None:
+    """For DDP (zero 0), which ignores the expert slices: average each expert gradient over edp as autograd
+    produces it (every micro-batch: a sum of all-reduces is the all-reduce of the sum)."""
     group, replicas = edp_mesh.get_group(), edp_mesh.size()
+    if replicas == 1:
+        return  # dp == ep: every expert slice is held once, nothing to average
 
     def sync(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad / dp_size
-        if replicas > 1:
-            dist.all_reduce(grad, group=group)
+        grad = grad / replicas
+        dist.all_reduce(grad, group=group)
         return grad
 
     for p in expert_parameters(model):
