@@ -98,3 +98,40 @@ def test_a_stop_request_outlives_neither_its_run_nor_its_workbench(pool):
         assert len(second.train(3).wait()) == 3
     finally:
         second.close()
+
+
+def test_a_trained_mixture_of_experts_reshards_into_expert_parallel_live(bench):
+    """5 steps of tiny-moe at dp=2 (experts replicated), apply ep=2 (half the experts per rank), 5 more: one process's
+    10 losses, and the router's counts reported every step."""
+    moe = BASE.replace(model=wb.ModelConfig.preset("tiny-moe"))
+    bench.apply(moe.replace(dp=2), fresh=True)
+    first = bench.train(5).wait()
+    info = bench.apply(moe.replace(dp=2, ep=2))
+    assert info["resharded"] and info["layout"] == "dp2·ep2"
+    assert info["params_local"] < moe.model.num_params
+    second = bench.train(5).wait()
+    metrics = first + second
+    for m in metrics:
+        assert len(m.expert_load) == moe.model.n_moe_layers
+        # Every token's top_k choices are counted, dropped or not: the global batch's tokens times top_k per layer.
+        assert all(sum(layer) == moe.tokens_per_step * moe.model.top_k for layer in m.expert_load)
+        assert m.aux_loss is not None and m.aux_loss > 0
+    reference = reference_moe_losses(moe, 10)
+    assert [m.loss for m in metrics] == pytest.approx(reference, rel=5e-5)
+
+
+def reference_moe_losses(cfg: wb.Config, steps: int) -> list[float]:
+    from workbench.engine.model import moe_aux_loss
+
+    model = build_model(cfg.model, cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    data = TokenData.for_config(cfg)
+    losses = []
+    for step in range(steps):
+        tokens = data.global_batch(step)
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        (loss + moe_aux_loss(model)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,19 @@ class ModelConfig:
     """Longest sequence the rotary tables cover."""
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    n_experts: int = 0
+    """Experts per mixture-of-experts FFN; 0 means a dense model (every FFN one SwiGLU MLP)."""
+    top_k: int = 2
+    """Experts each token is routed to (top-k of the router's softmax); 1 ≤ top_k ≤ n_experts."""
+    capacity_factor: float = 1.25
+    """Slots per expert as a multiple of a perfectly even share: ceil(capacity_factor·seq_len·top_k/n_experts)
+    per sequence; assignments beyond it are dropped (the token skips that expert)."""
+    aux_loss_coef: float = 0.01
+    """Weight of the Switch/GShard load-balancing loss added to the training loss (0 turns it off)."""
+    moe_every: int = 1
+    """Every moe_every-th block's FFN is a mixture of experts (blocks moe_every-1, 2·moe_every-1, ...)."""
+    shared_expert: bool = False
+    """Add one dense SwiGLU expert that every token goes through, beside the routed ones."""
 
     def __post_init__(self) -> None:
         _check_positive(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
@@ -109,6 +123,53 @@ class ModelConfig:
         if self.n_heads % self.kv_heads:
             raise _refuse("model.n_kv_heads", f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}",
                           "choose n_kv_heads dividing n_heads")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
+            raise _refuse("model.n_experts", f"must be an integer ≥ 0, got {self.n_experts!r}",
+                          "set n_experts=0 (dense) or the number of experts")
+        if self.n_experts == 0:
+            return
+        if self.n_experts == 1:
+            raise _refuse("model.n_experts", "one expert is a dense FFN with a router in front",
+                          "set n_experts ≥ 2, or 0 for a dense model")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.n_experts:
+            raise _refuse("model.top_k", f"top_k={self.top_k!r} must be an integer in 1..n_experts={self.n_experts}",
+                          f"choose top_k between 1 and {self.n_experts}")
+        _check_positive(**{"model.capacity_factor": self.capacity_factor})
+        if isinstance(self.aux_loss_coef, bool) or not isinstance(self.aux_loss_coef, (int, float)) \
+                or self.aux_loss_coef < 0:
+            raise _refuse("model.aux_loss_coef", f"must be ≥ 0, got {self.aux_loss_coef!r}",
+                          "set aux_loss_coef ≥ 0 (0.01 is the usual weight)")
+        if isinstance(self.moe_every, bool) or not isinstance(self.moe_every, int) \
+                or not 1 <= self.moe_every <= self.n_layers:
+            raise _refuse("model.moe_every", f"moe_every={self.moe_every!r} must be an integer in 1..n_layers="
+                          f"{self.n_layers}", "choose moe_every so that at least one block is a mixture of experts")
+
+    def same_weights(self, other: "ModelConfig") -> bool:
+        """Whether `other` describes the same parameters: equal but for the routing settings (top_k,
+        capacity_factor, aux_loss_coef), which change how experts are used, not what they are."""
+        routing = {"top_k", "capacity_factor", "aux_loss_coef"}
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
+                   if f.name not in routing)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block `layer`'s FFN is a mixture of experts."""
+        return self.n_experts > 0 and (layer + 1) % self.moe_every == 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the blocks whose FFN is a mixture of experts."""
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    def expert_capacity(self, seq_len: int) -> int:
+        """Slots per expert per sequence (the routing group): ceil(capacity_factor·seq_len·top_k / n_experts)."""
+        return math.ceil(self.capacity_factor * seq_len * self.top_k / self.n_experts) if self.n_experts else 0
 
     @property
     def kv_heads(self) -> int:
@@ -130,7 +191,21 @@ class ModelConfig:
         attn = self.dim * self.dim * 2 + self.dim * self.kv_heads * self.head_dim * 2
         mlp = 3 * self.dim * self.hidden_dim
         block = attn + mlp + 2 * self.dim
-        return self.vocab_size * self.dim * 2 + self.n_layers * block + self.dim
+        return self.vocab_size * self.dim * 2 + self.n_layers * block + self.dim + self.n_moe_layers * (
+            self.moe_params - mlp)
+
+    @property
+    def moe_params(self) -> int:
+        """Parameters of one mixture-of-experts FFN: router, every expert, the shared expert if any."""
+        mlp = 3 * self.dim * self.hidden_dim
+        return self.dim * self.n_experts + self.n_experts * mlp + (mlp if self.shared_expert else 0)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: a MoE FFN counts its router, top_k experts and the shared expert."""
+        mlp = 3 * self.dim * self.hidden_dim
+        active_moe = self.dim * self.n_experts + self.top_k * mlp + (mlp if self.shared_expert else 0)
+        return self.num_params - self.n_moe_layers * (self.moe_params - active_moe)
 
     @classmethod
     def preset(cls, name: str) -> "ModelConfig":
@@ -144,6 +219,8 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # byte-level, ~0.9 M parameters: a few steps per second on two CPU cores
     "tiny": ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=1024),
+    # tiny with a mixture of 4 SwiGLU experts (top-2) in every block: ~2.6 M parameters, ~1.4 M active per token
+    "tiny-moe": ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=1024, n_experts=4, top_k=2),
     # byte-level, ~10 M parameters: CPU experiments that need visible memory
     "small": ModelConfig(dim=384, n_layers=6, n_heads=6, n_kv_heads=2, max_seq_len=2048),
     # GPT-3 small shape with GPT-2's padded vocabulary
@@ -169,6 +246,9 @@ class Config:
     """Tensor-parallel degree: each weight matrix split across this many ranks (Megatron column/row)."""
     pp: int = 1
     """Pipeline-parallel degree: the layers split into this many consecutive stages."""
+    ep: int = 1
+    """Expert-parallel degree: each MoE layer's experts split across this many of the dp ranks (ep divides dp);
+    tokens travel to their experts by all-to-all. The world stays dp·tp·pp."""
     zero: int = 0
     """ZeRO stage 0-3 across the dp ranks (0 DDP, 1 +sharded optimizer, 2 FSDP2 no reshard, 3 FSDP2)."""
     schedule: Schedule = "1f1b"
@@ -205,10 +285,10 @@ class Config:
         if not isinstance(m, ModelConfig):
             raise _refuse("model", f"expected a ModelConfig, got {type(m).__name__}",
                           'pass model=wb.ModelConfig.preset("tiny") or a ModelConfig(...)')
-        _check_positive(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=self.micro_batches,
+        _check_positive(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep, micro_batches=self.micro_batches,
                         stages_per_rank=self.stages_per_rank, batch_size=self.batch_size,
                         seq_len=self.seq_len, lr=self.lr)
-        for name in ("dp", "tp", "pp", "micro_batches", "stages_per_rank", "batch_size", "seq_len", "seed"):
+        for name in ("dp", "tp", "pp", "ep", "micro_batches", "stages_per_rank", "batch_size", "seq_len", "seed"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise _refuse(name, f"must be an integer, got {getattr(self, name)!r}", f"pass an int for {name}")
         _check_choice("zero", self.zero, (0, 1, 2, 3))
@@ -261,6 +341,32 @@ class Config:
             raise _refuse("zero", f"zero=1 (ZeroRedundancyOptimizer) cannot update tensor-parallel (DTensor) "
                           f"parameters (dp={self.dp}, tp={self.tp})",
                           "use zero=2 (FSDP2: optimizer state and gradients sharded), zero=0, or tp=1")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        m = self.model
+        if self.ep > 1 and m.n_experts == 0:
+            raise _refuse("ep", f"ep={self.ep} splits experts, but the model is dense (model.n_experts=0)",
+                          'set ep=1, or use a mixture-of-experts model (e.g. ModelConfig.preset("tiny-moe"))')
+        if m.n_experts and m.n_experts % self.ep:
+            raise _refuse("ep", f"ep={self.ep} does not divide model.n_experts={m.n_experts}",
+                          f"choose ep among {[d for d in divisors(m.n_experts) if self.dp % d == 0]}")
+        if self.dp % self.ep:
+            raise _refuse("ep", f"experts are split across data-parallel ranks, and ep={self.ep} does not divide "
+                          f"dp={self.dp}", f"set dp to a multiple of {self.ep} (the world stays dp·tp·pp), "
+                          f"or ep among {divisors(self.dp)}")
+        if self.ep > 1 and self.zero == 1:
+            # ZeroRedundancyOptimizer partitions parameters over all dp ranks and broadcasts each update from
+            # its owner: expert slices differ across the ep ranks, so a broadcast would overwrite them.
+            raise _refuse("zero", f"zero=1 (ZeroRedundancyOptimizer over dp) cannot hold expert slices that "
+                          f"differ across ep={self.ep} ranks", "use zero=0, 2 or 3 with ep > 1, or ep=1")
+        if m.n_experts and self.tp > 1:
+            raise _refuse("tp", f"tensor parallel is not implemented for mixture-of-experts FFNs (tp={self.tp}, "
+                          f"model.n_experts={m.n_experts})", "set tp=1 and split the experts with ep instead")
+        if m.n_experts and self.pp > 1:
+            raise _refuse("pp", f"the load-balancing loss of a mixture-of-experts model is not carried across "
+                          f"pipeline stages (pp={self.pp}, model.n_experts={m.n_experts})",
+                          "set pp=1 (use dp and ep), or a dense model")
 
         self._check_compression_and_offload()
 
@@ -300,6 +406,8 @@ class Config:
     def layout(self) -> str:
         """A short name for the layout, e.g. "dp2·tp2·zero1·bf16"."""
         parts = [f"{a}{n}" for a, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1] or ["single"]
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.pp > 1:

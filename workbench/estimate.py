@@ -21,7 +21,7 @@ from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"]
-Axis = Literal["dp", "tp", "pp"]
+Axis = Literal["dp", "tp", "pp", "ep", "edp"]
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default gradient bucket (bucket_cap_mb=25): one all-reduce per bucket."""
@@ -56,6 +56,11 @@ ASSUMPTIONS = (
     "ranks are in one NVLink domain",
     "gradient syncs hide behind the backward they follow, FSDP all-gathers behind the rest of the compute; "
     "tensor-parallel collectives, pipeline sends and ZeRO-1's parameter broadcast are exposed",
+    "mixture of experts: the router balances perfectly (each expert and each ep rank gets its even share of the "
+    "assignments, capped by capacity), so every figure that depends on routing is its mean over ranks; "
+    "activations exact in fp32, the autocast copies of routed tokens and expert weights approximate; the "
+    "expert-parallel all-to-alls block (exposed), expert gradients are all-reduced over edp per micro-batch "
+    "under ZeRO-0 and sharded over edp by FSDP2 under ZeRO-2/3",
 )
 
 
@@ -63,6 +68,13 @@ def _matmul_params(m: ModelConfig) -> tuple[int, int]:
     """Elements of one block's weight matrices, and of the output head."""
     attn = 2 * m.dim * m.n_heads * m.head_dim + 2 * m.dim * m.kv_heads * m.head_dim
     return attn + 3 * m.dim * m.hidden_dim, m.dim * m.vocab_size
+
+
+def _moe_matmul_delta(m: ModelConfig) -> int:
+    """Weight elements one token multiplies in a MoE FFN beyond those of the dense FFN it replaces: the router,
+    top_k experts and the shared expert instead of one SwiGLU."""
+    mlp = 3 * m.dim * m.hidden_dim
+    return m.dim * m.n_experts + (m.top_k + m.shared_expert - 1) * mlp
 
 
 def flops_per_token(model: ModelConfig, seq_len: int) -> float:
@@ -73,7 +85,8 @@ def flops_per_token(model: ModelConfig, seq_len: int) -> float:
     full square (not halved for causality), as FlopCounterMode counts them.
     """
     block, head = _matmul_params(model)
-    return 6 * (model.n_layers * block + head) + 12 * model.n_layers * seq_len * model.n_heads * model.head_dim
+    moe = model.n_moe_layers * _moe_matmul_delta(model)  # a MoE FFN counts the experts a token goes through
+    return 6 * (model.n_layers * block + moe + head) + 12 * model.n_layers * seq_len * model.n_heads * model.head_dim
 
 
 @dataclass(frozen=True)
@@ -344,12 +357,22 @@ class _StagePlan:
         self.params = len(layers) * self.block_params + self.root
         # Parameter tensors: 7 matrices and 2 norm weights per block; embedding; final norm and head.
         self.tensors = 9 * len(layers) + self.first + 2 * self.last
+        # Mixture of experts (tp = 1): router, this rank's 1/ep of the stacked experts, the shared expert.
+        self.moe_layers = tuple(i for i in layers if m.is_moe_layer(i))
+        mlp = 3 * m.dim * m.hidden_dim
+        self.expert_params = len(self.moe_layers) * m.n_experts // cfg.ep * mlp
+        """Expert elements on this rank: synchronised (and under ZeRO sharded) over edp = dp/ep, not dp."""
+        self.params += len(self.moe_layers) * (m.dim * m.n_experts + m.shared_expert * mlp - mlp) + self.expert_params
+        self.tensors += len(self.moe_layers) * (1 + 3 * m.shared_expert)
         self.tokens = cfg.micro_batch_size * cfg.seq_len
         self.checkpointed = self._checkpointed(layers)
         attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
         block_train = 3 * (2 * block_full + attn_fwd)
         recompute = 2 * block_full + attn_fwd
         per_token = len(layers) * block_train + self.checkpointed * recompute + self.last * 3 * 2 * head_full
+        if m.n_experts:
+            moe = 2 * _moe_matmul_delta(m)
+            per_token += len(self.moe_layers) * 3 * moe + sum(self._is_checkpointed(i) for i in self.moe_layers) * moe
         self.flops = per_token * self.tokens * cfg.micro_batches / tp
 
     # --- memory -----------------------------------------------------------------------------------------------
@@ -374,6 +397,36 @@ class _StagePlan:
         casts = 2 * self.block_matmul if self.autocast else 0
         return round(self.tokens * (sharded / tp + gathered)) + casts
 
+    def assignments(self) -> int:
+        """(token, expert) assignments one micro-batch keeps in one MoE layer: top_k per token, at most the capacity
+        of every expert in every sequence (the routing group)."""
+        m, cfg = self.cfg.model, self.cfg
+        return min(self.tokens * m.top_k, cfg.micro_batch_size * m.n_experts * m.expert_capacity(cfg.seq_len))
+
+    def moe_activations(self) -> int:
+        """Bytes a MoE FFN saves for one micro-batch beyond the SwiGLU it replaces (its input is counted as the
+        block's), term by term as measured, with A kept assignments, R of them arriving here (R = A, balanced):
+          routed tokens (fp32 input) R·D·4; their outputs and weighted outputs 2·A·D·a; SwiGLU per assignment
+          4·A·H·a; router: fp32 probabilities T·E·4, top-k indices T·k·8, top-k weights and their sum T·(4k+4),
+          the keep mask T·k bytes, per-sequence shares B·E·4; kept weights, token ids and sort order A·(4+8+8);
+          with ep > 1 the regrouping order and its inverse 2·R·8. Under autocast, the 2-byte copies of each
+          expert's tokens (twice) and of this rank's expert weights."""
+        cfg, m, a = self.cfg, self.cfg.model, self.act_bytes
+        t, k, n_e, d, h = self.tokens, m.top_k, m.n_experts, m.dim, m.hidden_dim
+        kept = arrived = self.assignments()
+        saved = (4 * arrived * d + 2 * a * kept * d + 4 * a * kept * h + t * (4 * n_e + 12 * k + 4 + k)
+                 + cfg.micro_batch_size * n_e * 4 + 20 * kept + (16 * arrived if cfg.ep > 1 else 0))
+        if m.shared_expert:
+            saved += 4 * a * t * h
+        if self.autocast:
+            saved += 2 * 2 * arrived * d + 2 * 3 * d * h * n_e // cfg.ep
+        return saved - 4 * a * t * h  # the dense SwiGLU term, already in block_activations
+
+    def layer_activations(self, layer: int) -> int:
+        """Bytes block `layer` saves for one micro-batch (a MoE block differs from a dense one in its FFN)."""
+        block = self.block_activations()
+        return block + self.moe_activations() if self.cfg.model.is_moe_layer(layer) else block
+
     def edge_activations(self, first: bool, last: bool) -> int:
         """Bytes saved outside the blocks: token ids (first stage); final norm, head input, log-probs (last)."""
         m, tp = self.cfg.model, self.cfg.tp
@@ -392,12 +445,13 @@ class _StagePlan:
         is held between steps whatever is in flight and counted under buffers, so the first block's figure is
         taken without it.
         """
-        block, per_chunk = self.block_activations(), len(self.layers) // self.chunks
+        per_chunk = len(self.layers) // self.chunks
         saved = {}
         for c, stage in enumerate(self.stages):
             layers = self.layers[c * per_chunk:(c + 1) * per_chunk]
             checkpointed = self._checkpointed(layers)
-            kept = (len(layers) - checkpointed) * block + checkpointed * self._residual()
+            kept = sum(self.layer_activations(i) for i in layers if not self._is_checkpointed(i)) \
+                + checkpointed * self._residual()
             received = self._residual() if stage > 0 else 0
             saved[stage] = kept + self.edge_activations(stage == 0, stage == self.last_stage) - received
         return saved
@@ -419,8 +473,10 @@ class _StagePlan:
         cfg, m = self.cfg, self.cfg.model
         dp, zero = cfg.dp, cfg.zero
         params = 4 * self.params
-        # DDP copies every gradient into its flat buckets (FSDP2's replicate, used under tp, does not).
-        buffers = params if zero <= 1 and dp > 1 and cfg.tp == 1 else 0
+        experts, edp = 4 * self.expert_params, dp // cfg.ep
+        # DDP copies every gradient into its flat buckets (FSDP2's replicate, used under tp, does not); with ep > 1
+        # it ignores the expert slices, which are all-reduced over edp on their own.
+        buffers = params - (experts if cfg.ep > 1 else 0) if zero <= 1 and dp > 1 and cfg.tp == 1 else 0
         if zero >= 2:
             largest_unit = max(self.root, self.block_params if self.layers else 0)
             # Within a pipeline, FSDP2 accumulates full gradients until the last micro-batch; alone, it
@@ -439,8 +495,12 @@ class _StagePlan:
         # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
         other = self.tokens * m.vocab_size * (6 if self.autocast else 4) if self.last else 0
         if self.checkpointed:
-            other += self.block_activations()
-        parameters, gradients, optimizer = model_state_memory(self.params, dp, zero)
+            other += max(self.layer_activations(i) for i in self.layers if self._is_checkpointed(i))
+        # Expert slices are synchronised and sharded over edp = dp/ep, everything else over dp.
+        split_experts = self.expert_params if cfg.ep > 1 else 0
+        dense = model_state_memory(self.params - split_experts, dp, zero)
+        sliced = model_state_memory(split_experts, edp, zero)
+        parameters, gradients, optimizer = (a + b for a, b in zip(dense, sliced))
         memory = Memory(
             parameters=parameters,
             gradients=gradients,
@@ -450,6 +510,9 @@ class _StagePlan:
             other=other,
         )
         return _offloaded(memory, cfg, params) if cfg.offload else memory
+
+    def _is_checkpointed(self, layer: int) -> bool:
+        return bool(checkpointed_blocks([layer], self.cfg.activation_checkpointing))
 
     def _checkpointed(self, layers: tuple[int, ...]) -> int:
         """How many of `layers` recompute their activations."""
@@ -466,7 +529,8 @@ class _StagePlan:
         """The stage's estimate, once the pipeline-wide compute time is known."""
         compute_s = self.flops / peak
         backward_mb_s = compute_s / self.cfg.micro_batches * 2 / 3
-        comm = [*self._dp_comm(hw, step_compute_s, backward_mb_s), *self._tp_comm(hw), *self._pp_comm(hw)]
+        comm = [*self._dp_comm(hw, step_compute_s, backward_mb_s), *self._tp_comm(hw), *self._pp_comm(hw),
+                *self._ep_comm(hw)]
         return StageEstimate(stage=self.rank, layers=self.layers, params=self.params, memory=self.memory(),
                              flops=self.flops, compute_s=compute_s, comm=tuple(c for c in comm if c.calls))
 
@@ -484,7 +548,9 @@ class _StagePlan:
         cfg = self.cfg
         if cfg.dp == 1:
             return []
-        grads, m, units = 4 * self.params, cfg.micro_batches, len(self.layers) + (self.root > 0)
+        # With ep > 1 the expert slices are synchronised over edp (`_ep_comm`), the rest over dp.
+        grads = 4 * (self.params - (self.expert_params if cfg.ep > 1 else 0))
+        m, units = cfg.micro_batches, len(self.layers) + (self.root > 0)
         if cfg.zero <= 1:
             if cfg.tp > 1:
                 calls, what = units, "gradients (replicate, per block)"
@@ -590,6 +656,33 @@ class _StagePlan:
         return [self._collective(hw, "pp", "send_recv", "activations and their gradients",
                                  self.boundaries * cfg.micro_batches, self._residual(), 2)]
 
+    def _ep_comm(self, hw: Hardware) -> list[Collective]:
+        """Expert parallel: per MoE layer and micro-batch, the router counts go out by all-to-all, then the tokens
+        and their outputs (forward), their gradients (backward), and the forward's again when recomputed; the
+        expert slices' gradient sync over edp."""
+        cfg, m = self.cfg, self.cfg.model
+        if cfg.ep == 1 or not self.moe_layers:
+            return []
+        mb, a, kept = cfg.micro_batches, self.act_bytes, self.assignments()
+        forwards = len(self.moe_layers) + sum(self._is_checkpointed(i) for i in self.moe_layers)
+        # Tokens go out in fp32 (the normed residual), outputs come back in the compute precision; backward sends
+        # the gradients of both the same way.
+        calls = mb * (2 * forwards + 2 * len(self.moe_layers))
+        payload = mb * (forwards * kept * m.dim * (4 + a) + len(self.moe_layers) * kept * m.dim * (4 + a))
+        out = [self._collective(hw, "ep", "all_to_all", "routed tokens and their gradients", calls, payload / calls,
+                                cfg.ep),
+               self._collective(hw, "ep", "all_to_all", "router counts per expert", mb * forwards,
+                                8 * m.n_experts, cfg.ep)]
+        edp = cfg.dp // cfg.ep
+        if edp > 1:
+            per_layer = 4 * self.expert_params // len(self.moe_layers)
+            if cfg.zero == 0:
+                out.append(self._collective(hw, "edp", "all_reduce", "expert gradients (per micro-batch)",
+                                            3 * len(self.moe_layers) * mb, per_layer / 3, edp))
+            else:
+                out.append(self._collective(hw, "edp", "reduce_scatter", "expert gradients",
+                                            len(self.moe_layers) * mb, per_layer, edp))
+        return out
 
 # --- compression and offload (Config.compression, Config.offload) ---------------------------------------------
 

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.mesh import build_mesh
-from workbench.engine.model import build_model, loss_fn
+from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing
 from workbench.engine.precision import DTYPES
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
@@ -73,19 +73,25 @@ def reference_run(cfg: Config, steps: int, data: Any = None) -> dict[str, Any]:
     scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
     dtype = DTYPES[cfg.precision]
     data = SyntheticData(cfg) if data is None else data
-    losses, skipped = [], []
+    losses, skipped, aux_losses, loads, dropped = [], [], [], [], []
     for step in range(steps):
         tokens = data.global_batch(step)
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            aux = moe_aux_loss(model)  # a mixture of experts trains its balancing loss too; None when dense
+        if aux is not None:
+            aux_losses.append(aux.item())
+            loads.append(moe_routing(model)[0].tolist())
+            dropped.append(moe_routing(model)[1].tolist())
         scale_before = scaler.get_scale()
-        scaler.scale(loss).backward()
+        scaler.scale(loss if aux is None else loss + aux).backward()
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         skipped.append(scaler.is_enabled() and scaler.get_scale() < scale_before)
     return {"losses": losses, "skipped": skipped, "scale": scaler.get_scale() if scaler.is_enabled() else None,
+            "aux_losses": aux_losses, "expert_load": loads, "tokens_dropped": dropped,
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
@@ -99,8 +105,11 @@ def train(cfg: Config, steps: int) -> dict[str, Any]:
     trainer = _trainer(cfg)
     metrics = [trainer.step(i) for i in range(steps)]
     return {"losses": [m.loss for m in metrics], "skipped": [m.skipped for m in metrics],
+            "aux_losses": [m.aux_loss for m in metrics], "expert_load": [[list(r) for r in m.expert_load] for m in metrics],
+            "tokens_dropped": [list(m.tokens_dropped) for m in metrics],
             "scale": trainer.precision.loss_scale, "skipped_steps": trainer.skipped_steps,
-            "mesh": mesh_coordinates(trainer.mesh)}
+            "mesh": mesh_coordinates(trainer.mesh),
+            "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
 
 
 @unchecked

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from workbench.telemetry import analysis
+from tests.telemetry import overlap_reference
 from workbench.telemetry.gpu_timeline import GpuTimeline, MarkedSpan, MarkReading
 
 MS = 1_000_000
@@ -212,7 +212,7 @@ def test_overlap_from_resolved_intervals_matches_the_arithmetic():
     gpu.now_host = t0 + 40 * MS
     ivs = tl.resolve()
     assert [iv.start_ns for iv in ivs] == sorted(iv.start_ns for iv in ivs)
-    comm_s, exposed_s, overlap = analysis.step_summary(ivs)
+    comm_s, exposed_s, overlap = overlap_reference.step_summary(ivs)
     assert comm_s == pytest.approx(18e-3, abs=1e-6)
     assert exposed_s == pytest.approx(6e-3, abs=1e-6)
     assert overlap == pytest.approx(12 / 18, abs=1e-4)

@@ -178,3 +178,26 @@ def test_a_new_model_shape_is_said_to_start_from_step_0(bench):
     c.apply()
     c.wait(5)
     assert "applied dp2·zero2 (a new model, from step 0)" in c.status.value
+
+
+def test_expert_parallel_and_routing_inputs_map_to_the_config(bench):
+    c = Controls(bench)
+    assert c.capacity_factor.disabled and c.top_k.disabled  # tiny is dense: no routing to set
+    c.model.value = "tiny-moe"
+    assert not c.capacity_factor.disabled
+    c.ep.value = 2
+    c.capacity_factor.value, c.top_k.value, c.aux_loss_coef.value = 0.5, 1, 0.0
+    import dataclasses
+
+    model = dataclasses.replace(PRESETS["tiny-moe"], capacity_factor=0.5, top_k=1, aux_loss_coef=0.0)
+    assert c.config == wb.Config(model=model, dp=2, ep=2)
+    assert "mixture of experts: 4 experts, top-1" in c.explain.value
+    c.set_config(wb.Config(model=model, dp=2))
+    assert c.model.value == "tiny-moe" and c.ep.value == 1 and c.capacity_factor.value == 0.5
+
+
+def test_an_expert_parallel_refusal_is_explained_inline(bench):
+    c = Controls(bench)
+    c.ep.value = 2  # the model is dense
+    assert c.config is None and c.apply_button.disabled
+    assert "ep: ep=2 splits experts, but the model is dense" in c.message.value

@@ -6,6 +6,7 @@ import re
 
 import workbench as wb
 from tests.ui.fakes import fake_workbench
+from workbench.ui.plots import PANELS
 from workbench.ui.report import report
 
 
@@ -19,7 +20,7 @@ def test_one_file_with_plotly_once_every_panel_and_every_layout(tmp_path):
     text = path.read_text()
     assert text.count("plotly.js v") == 1  # the library's banner: embedded exactly once
     assert not re.search(r"<script[^>]+src=", text)  # nothing fetched from elsewhere
-    assert text.count("Plotly.newPlot(") == 7  # one per panel
+    assert text.count("Plotly.newPlot(") == len(PANELS)
     for expected in ("dp2·zero1", "tp2·bf16", "<th>from step</th>", "<td>5</td>", "tiny", "steps trained"):
         assert expected in text, expected
 

@@ -7,10 +7,17 @@ those share NVLink, and tp is the axis that communicates inside every layer.
 pp is outermost because it only sends activations between neighbouring stages
 once per micro-batch, the least traffic of the three. Axes of size 1 are kept,
 so code can always ask for `mesh["tp"]` whatever the layout.
+
+With expert parallel (ep > 1) the dp axis is split in two, ("edp", "ep"),
+ep innermost: an ep group is neighbouring dp ranks, which exchange tokens by
+all-to-all in every MoE layer, and an edp group holds the replicas of the same
+experts. The pair is flattened back into "dp", so `mesh["dp"]` and the dp rank
+are what they are without experts (dp rank = edp rank · ep + ep rank).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -62,4 +69,17 @@ def mesh_layout(cfg: Config) -> MeshLayout:
 def build_mesh(cfg: Config, device_type: str) -> DeviceMesh:
     """The DeviceMesh for `cfg` over the current world (creates one process group per axis slice)."""
     layout = mesh_layout(cfg)
-    return init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.axes)
+    if cfg.ep == 1:
+        return init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.axes)
+    mesh = init_device_mesh(device_type, (cfg.pp, cfg.dp // cfg.ep, cfg.ep, cfg.tp),
+                            mesh_dim_names=("pp", "edp", "ep", "tp"))
+    mesh["edp", "ep"]._flatten("dp")  # private in torch 2.13, torchtitan's way to name a merged axis
+    # torch 2.13 warns on every mesh["dp"] that slicing a flattened axis from the root "will be deprecated";
+    # it works (tests/engine/test_moe.py checks the groups), and the whole engine asks for mesh["dp"].
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
+    return mesh
+
+
+def mesh_key(cfg: Config) -> tuple[int, ...]:
+    """What identifies a built mesh: its shape, and how dp is split for experts."""
+    return (*mesh_layout(cfg).shape, cfg.ep)

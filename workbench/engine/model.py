@@ -8,6 +8,12 @@ possible without touching this file:
   final norm and output head may be None, so a pipeline stage is this model
   with the parts it does not own removed (its forward then takes and returns
   hidden states).
+- a mixture-of-experts FFN (`MoEFeedForward`) routes tokens, then hands the
+  routed tokens to its `experts` submodule as one call, `experts(tokens,
+  counts)`; expert parallelism replaces that submodule with one that first
+  sends the tokens to the ranks holding their experts (engine/parallel/expert.py).
+  Each MoE FFN keeps what its last forward measured (balancing loss, tokens
+  routed per expert, tokens dropped); `moe_aux_loss` and `moe_routing` collect it.
 """
 
 from __future__ import annotations
@@ -73,13 +79,92 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class Block(nn.Module):
+class GroupedExperts(nn.Module):
+    """n SwiGLU experts, their weights stacked along dim 0 so that an expert-parallel split is a slice of it."""
+
+    def __init__(self, n_experts: int, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))
+
+    def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """tokens (sum(counts), dim), sorted by expert, counts[e] of them for expert e → outputs, same order."""
+        outs = []
+        # One host sync for the split sizes; an expert with no tokens still joins the graph (zero gradient),
+        # so data parallel sees every parameter used.
+        for e, chunk in enumerate(tokens.split(counts.tolist())):
+            outs.append((F.silu(chunk @ self.w1[e]) * (chunk @ self.w3[e])) @ self.w2[e])
+        return torch.cat(outs)
+
+
+class MoEFeedForward(nn.Module):
+    """A top-k softmax router over SwiGLU experts, with a capacity per expert and the balancing loss.
+
+    The routing group is one sequence: each expert takes at most
+    `cfg.expert_capacity(seq_len)` of a sequence's assignments (first choices of
+    every token before second choices, then in token order, as GShard); the rest
+    are dropped (those tokens skip that expert; the residual carries them). The
+    balancing loss E·Σ_e f_e·P_e (f_e: share of the sequence's assignments that
+    chose expert e, P_e: mean router probability of e) is also taken per sequence
+    and averaged. Per sequence rather than per device batch (Switch's choice)
+    because then routing, drops and the loss do not depend on how the batch is
+    split over ranks or micro-batches: every layout trains the same model.
+    """
+
     def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.hidden_dim)
+        self.shared_expert = FeedForward(cfg) if cfg.shared_expert else None
+        self.last_aux_loss: torch.Tensor | None = None
+        """Balancing loss of the last forward, already times cfg.aux_loss_coef (a scalar with a graph)."""
+        self.last_load: torch.Tensor | None = None
+        """Assignments the router made to each expert in the last forward (n_experts,), dropped ones included."""
+        self.last_dropped: torch.Tensor | None = None
+        """Assignments dropped for lack of capacity in the last forward (a scalar count)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seq, dim = x.shape
+        n, k = self.cfg.n_experts, self.cfg.top_k
+        # The router in fp32 whatever the autocast: softmax over experts and top-k are precision-sensitive.
+        with torch.autocast(x.device.type, enabled=False):
+            probs = F.linear(x.float(), self.router.weight.float()).softmax(dim=-1)  # (bsz, seq, n)
+        weights, chosen = probs.topk(k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        # Assignments slot-major within each sequence: every token's first choice ranks before any second choice.
+        expert = chosen.transpose(1, 2).reshape(bsz, k * seq)
+        weight = weights.transpose(1, 2).reshape(bsz, k * seq)
+        token = torch.arange(bsz * seq, device=x.device).view(bsz, 1, seq).expand(bsz, k, seq).reshape(bsz, k * seq)
+        onehot = F.one_hot(expert, n)  # (bsz, k·seq, n)
+        position = ((onehot.cumsum(dim=1) - 1) * onehot).sum(dim=-1)  # place of each assignment in its expert's queue
+        keep = position < self.cfg.expert_capacity(seq)
+
+        per_seq = onehot.sum(dim=1)  # (bsz, n) assignments per expert per sequence
+        f = per_seq.float() / (k * seq)
+        self.last_aux_loss = self.cfg.aux_loss_coef * n * (f * probs.mean(dim=1)).sum(dim=-1).mean()
+        self.last_load = per_seq.sum(dim=0).detach()
+        self.last_dropped = (~keep).sum().detach()
+
+        expert, weight, token = expert[keep], weight[keep], token[keep]
+        order = torch.argsort(expert, stable=True)  # group the kept assignments by expert
+        expert, weight, token = expert[order], weight[order], token[order]
+        counts = torch.bincount(expert, minlength=n)
+        flat = x.reshape(bsz * seq, dim)
+        routed = self.experts(flat[token], counts)
+        out = routed.new_zeros(flat.shape).index_add_(0, token, routed * weight.unsqueeze(-1).to(routed.dtype))
+        out = out.view(bsz, seq, dim)
+        return out + self.shared_expert(x) if self.shared_expert is not None else out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe_layer(layer) else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope)
@@ -91,7 +176,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # Not persistent: derived from the config, so checkpoints carry only trained state.
@@ -105,7 +190,7 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() == 1:
                 nn.init.ones_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
+            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
                 nn.init.normal_(p, std=residual_std)
             else:
                 nn.init.normal_(p, std=0.02)
@@ -130,3 +215,23 @@ def build_model(cfg: ModelConfig, seed: int) -> Transformer:
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, computed in fp32 whatever the autocast precision."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
+    """The mixture-of-experts FFNs of `model` (or of whatever wraps it), in layer order."""
+    return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
+    """Sum of the balancing losses of the last forward (to add to the training loss); None for a dense model."""
+    losses = [m.last_aux_loss for m in moe_layers(model) if m.last_aux_loss is not None]
+    return torch.stack(losses).sum() if losses else None
+
+
+def moe_routing(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What the last forward's routers did: assignments per layer × expert (n_moe_layers, n_experts), and
+    assignments dropped per layer (n_moe_layers,); None for a dense model."""
+    layers = [m for m in moe_layers(model) if m.last_load is not None]
+    if not layers:
+        return None
+    return torch.stack([m.last_load for m in layers]), torch.stack([m.last_dropped for m in layers])

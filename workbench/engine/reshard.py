@@ -18,7 +18,8 @@ The format (identical on every rank and for every layout):
     "trainer": {"steps_done": int, "skipped_steps": int}
 
 Every rank gathers every tensor (dp/tp shards with torch.distributed.checkpoint's
-full_state_dict, pipeline stages with an all-gather over the pp axis), so each
+full_state_dict, expert-parallel slices with an all-gather over the ep axis, pipeline
+stages with an all-gather over the pp axis), so each
 rank briefly holds the whole state on its device and then on CPU. That is fine
 for the sizes a workbench explores; for models near the memory limit, save a
 sharded checkpoint with torch.distributed.checkpoint instead.
@@ -40,6 +41,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from workbench.engine.parallel.expert import expert_shards
 
 FULL = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
 # Not cpu_offload: with full_state_dict it gathers to rank 0 only, and every rank needs the state.
@@ -70,8 +73,9 @@ def export_full_state(trainer: Any) -> dict[str, Any]:
     model: dict[str, torch.Tensor] = {}
     optim: dict[str, Any] = {}
     for module, opt in zip(trainer.modules, trainer.optimizers):
-        model.update(_to_cpu(get_model_state_dict(module, options=FULL)))
-        optim.update(_to_cpu(_export_optimizer(module, opt, trainer.mesh["dp"])))
+        shards = expert_shards(module, bare_name)
+        model.update(_to_cpu(_gather_experts(get_model_state_dict(module, options=FULL), shards)))
+        optim.update(_to_cpu(_gather_experts(_export_optimizer(module, opt, trainer.mesh["dp"]), shards)))
     state = {
         "model": model,
         "optim": optim,
@@ -93,15 +97,39 @@ def import_full_state(trainer: Any, state: dict[str, Any]) -> None:
         missing = own - state["model"].keys()
         if missing:
             raise KeyError(f"the state lacks parameters this layout holds: {sorted(missing)[:5]}")
-        set_model_state_dict(module, {k: v for k, v in state["model"].items() if k in own}, options=FULL)
+        shards = expert_shards(module, bare_name)
+        set_model_state_dict(module, {k: shards[k].slice(v) if k in shards else v
+                                      for k, v in state["model"].items() if k in own}, options=FULL)
         if per_param:
-            _import_optimizer(module, opt, per_param)
+            _import_optimizer(module, opt, {fqn: {k: shards[fqn].slice(v) if fqn in shards and _sliced(v) else v
+                                                  for k, v in entry.items()} if fqn in shards else entry
+                                            for fqn, entry in per_param.items()})
         for group in opt.param_groups:
             group.update(lr=trainer.cfg.lr, weight_decay=trainer.cfg.weight_decay)
     if state["scaler"] and trainer.precision.scaler.is_enabled():
         trainer.precision.scaler.load_state_dict(state["scaler"])
     trainer.steps_done = state["trainer"]["steps_done"]
     trainer.skipped_steps = state["trainer"]["skipped_steps"]
+
+
+def _gather_experts(flat: dict[str, Any], shards: dict) -> dict[str, Any]:
+    """Expert-parallel slices (model "<fqn>" or optimizer "state.<fqn>.<key>") → all experts, gathered over ep.
+
+    Every rank holds the same keys in the same order, so the all-gathers line up.
+    """
+    if not shards:
+        return flat
+    out = dict(flat)
+    for key, value in flat.items():
+        fqn = key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
+        if fqn in shards and _sliced(value):
+            out[key] = shards[fqn].gather(value)
+    return out
+
+
+def _sliced(value: Any) -> bool:
+    # AdamW's step counter is a scalar, the same on every ep rank; weights and moments are sliced along dim 0.
+    return isinstance(value, torch.Tensor) and value.dim() > 0
 
 
 def _export_optimizer(module: nn.Module, opt: torch.optim.Optimizer, dp_mesh: DeviceMesh) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from workbench.checkpoints import SaveSchedule
 from workbench.config import Config
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
-from workbench.engine.mesh import build_mesh, mesh_layout
+from workbench.engine.mesh import build_mesh, mesh_key
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
@@ -31,7 +31,7 @@ class Session:
     trainer: Trainer
     next_step: int
     """Index of the global batch the next step trains on; continues across layout changes."""
-    meshes: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+    meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
 
 
 _KEY = "session"
@@ -73,16 +73,19 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     """Build the layout `cfg` describes; if a model exists, carry its trained state over (reshard in place).
 
     A new model starts instead (from the seed, at step 0) when `fresh` is set
-    or the model's shape or seed changed: there is no state to carry then.
+    or the model's shape or seed changed: there is no state to carry then
+    (a mixture of experts' routing settings are not its shape: they carry).
     The new trainer is complete before the old one is dropped, so a failure
     here leaves the previous model as it was.
     """
     old = current_or_none()
-    carry = old is not None and not fresh and (old.trainer.cfg.model, old.trainer.cfg.seed) == (cfg.model, cfg.seed)
+    # Routing settings (capacity, top_k, balancing weight) may change on a trained mixture of experts: same weights.
+    carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
+             and old.trainer.cfg.seed == cfg.seed)
     with rank.unchecked():
         state = export_full_state(old.trainer) if carry else None
         meshes = old.meshes if old is not None else {}
-        layout = mesh_layout(cfg).shape
+        layout = mesh_key(cfg)
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
         if layout not in meshes:
             meshes[layout] = build_mesh(cfg, _device_type())

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import build_model, loss_fn
+from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing
 from workbench.engine.parallel.data_parallel import build_optimizer, gradient_sync
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
@@ -66,6 +66,12 @@ class Agreed:
     """A rank ran out of memory: the update was skipped."""
     nonfinite: bool = False
     """The loss was inf/nan: the update was skipped rather than written into the weights."""
+    aux_loss: float | None = None
+    """Mixture of experts: mean load-balancing loss of the global batch; None for a dense model."""
+    expert_load: tuple[tuple[int, ...], ...] = ()
+    """Mixture of experts: router assignments per MoE layer × expert, summed over the global batch."""
+    tokens_dropped: tuple[int, ...] = ()
+    """Mixture of experts: assignments dropped per MoE layer, summed over the global batch."""
 
     @property
     def skipped(self) -> bool:
@@ -119,6 +125,7 @@ class Trainer:
         `flags` are this rank's votes; what the world agreed is in `self.agreed` afterwards.
         """
         self.probe.begin_step()
+        self._moe = None  # (aux loss, load, dropped) summed over this step's micro-batches; None for dense
         start = time.perf_counter()
         inputs, targets = self._batch(step_index)
         try:
@@ -156,6 +163,7 @@ class Trainer:
             step=step_index, loss=agreed.loss, tokens=self.cfg.tokens_per_step, step_time_s=elapsed,
             tokens_per_s=self.cfg.tokens_per_step / elapsed, rank=dist.get_rank(), layout=self.cfg.layout,
             skipped=skipped, skip_reason=agreed.skip_reason, loss_scale=self.precision.loss_scale,
+            aux_loss=agreed.aux_loss, expert_load=agreed.expert_load, tokens_dropped=agreed.tokens_dropped,
         ))
         return self._with_grad_sync_bytes(metrics)
 
@@ -203,11 +211,21 @@ class Trainer:
                 with self.probe.span("forward"), self.precision.autocast():
                     # Divided by n so the accumulated gradient is that of the mean over the whole batch.
                     loss = loss_fn(model(x), y) / n
+                    aux = moe_aux_loss(model)  # mixture of experts: the balancing loss trains beside it
+                    self._note_routing(model, aux, n)
                 # Backward outside autocast, as torch recommends: it reuses the forward's dtypes.
                 with self.probe.backward():
-                    self.precision.scale(loss).backward()
+                    self.precision.scale(loss if aux is None else loss + aux / n).backward()
             total += loss.detach()
         return total
+
+    def _note_routing(self, model: nn.Module, aux: torch.Tensor | None, n: int) -> None:
+        """Add one micro-batch's balancing loss (as a share of the mean) and router counts to the step's."""
+        routing = moe_routing(model)
+        if aux is None or routing is None:
+            return
+        part = (aux.detach().float() / n, routing[0].float(), routing[1].float())
+        self._moe = part if self._moe is None else tuple(a + b for a, b in zip(self._moe, part))
 
     def _agree(self, loss: torch.Tensor | None, found_inf: torch.Tensor, flags: Flags) -> Agreed:
         # Summed over the world: ranks holding a loss (all but non-last pipeline stages) add it with
@@ -219,9 +237,26 @@ class Trainer:
         has_loss = loss is not None
         payload = torch.stack([scalar(loss if has_loss else 0.0), scalar(float(has_loss)), scalar(found_inf),
                                scalar(float(flags.stop)), scalar(float(flags.skip)), scalar(float(flags.oom))])
+        moe = None
+        if self.cfg.model.n_experts:  # same payload shape on every rank, whatever happened on this one
+            m = self.cfg.model
+            zeros = (torch.zeros(()), torch.zeros(m.n_moe_layers, m.n_experts), torch.zeros(m.n_moe_layers))
+            moe = self._moe if has_loss and self._moe is not None else zeros
+            # Mixture of experts rides the same all-reduce: balancing loss (averaged below like the loss), router
+            # counts and drops (summed: each dp rank routed its own tokens). fp32 counts are exact below 2^24.
+            payload = torch.cat([payload, moe[0].reshape(1).to(self.device), moe[1].flatten().to(self.device),
+                                 moe[2].to(self.device)])
         dist.all_reduce(payload)
-        loss_sum, weight, overflow, stop, skip, oom = payload.tolist()  # the step's one host sync
+        values = payload.tolist()  # the step's one host sync
+        loss_sum, weight, overflow, stop, skip, oom = values[:6]
         loss = loss_sum / weight if weight else float("nan")
+        extra = {}
+        if moe is not None:
+            layers, experts = moe[1].shape
+            counts = [round(v) for v in values[7:]]
+            extra = dict(aux_loss=values[6] / weight if weight else float("nan"),
+                         expert_load=tuple(tuple(counts[i * experts:(i + 1) * experts]) for i in range(layers)),
+                         tokens_dropped=tuple(counts[layers * experts:]))
         # Every rank sees the same sum, so a non-finite loss is a verdict all agree on, at no extra cost.
         return Agreed(loss=loss, stop=stop > 0, skip=skip > 0, overflow=overflow > 0, oom=oom > 0,
-                      nonfinite=not math.isfinite(loss))
+                      nonfinite=not math.isfinite(loss), **extra)

@@ -66,6 +66,15 @@ class StepMetrics:
     skip_reason: str = ""
     loss_scale: float | None = None
     """fp16 dynamic loss scale after the step; None for other precisions."""
+    aux_loss: float | None = None
+    """Mixture of experts: the load-balancing loss of the global batch (summed over MoE layers, times
+    aux_loss_coef), trained on beside `loss`, which excludes it; None for a dense model."""
+    expert_load: tuple[tuple[int, ...], ...] = ()
+    """Mixture of experts: the router's (token, expert) assignments in the global batch, per MoE layer × expert,
+    dropped ones included (identical on every rank); () for a dense model."""
+    tokens_dropped: tuple[int, ...] = ()
+    """Mixture of experts: (token, expert) assignments dropped for lack of expert capacity in the global batch,
+    per MoE layer (the token skips that expert; the residual carries it); () for a dense model."""
     # --- filled by telemetry probes (zero / empty when telemetry is off) ---
     memory: dict[str, int] = field(default_factory=dict)
     """Bytes by category at the end of the step: parameters, gradients, optimizer, activations, other."""

@@ -24,9 +24,17 @@ def dumps(metrics: StepMetrics) -> str:
 def loads(line: str) -> StepMetrics:
     """The StepMetrics a `dumps` line holds."""
     data = json.loads(line)
+    for name in _TUPLE_FIELDS & data.keys():  # JSON has no tuples: every tuple field, however nested, comes back
+        data[name] = _tuples(data[name])
     data["intervals"] = tuple(Interval(**i) for i in data.get("intervals", ()))
-    data["pipeline_actions"] = tuple(tuple(a) for a in data.get("pipeline_actions", ()))
     return StepMetrics(**data)
+
+
+_TUPLE_FIELDS = {f.name for f in dataclasses.fields(StepMetrics) if str(f.type).startswith("tuple")}
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 class MetricsFile:

@@ -9,6 +9,7 @@ ranks apply a layout or train, and the plots keep drawing.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import threading
 from collections.abc import Callable
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from workbench.workbench import Workbench
 
 _LABEL = {"description_width": "initial"}
+_ROUTING = ("top_k", "capacity_factor", "aux_loss_coef")
+"""The mixture-of-experts settings the controls edit on top of the chosen model (they do not change its weights)."""
 
 
 def _toggle(description: str, options: list, value: Any, tooltip: str) -> widgets.ToggleButtons:
@@ -39,7 +42,7 @@ class Controls:
         world = bench.pool.world_size
         cfg = bench.config or Config(dp=world, batch_size=max(16, world * 8))
         self._models: dict[str, ModelConfig] = dict(PRESETS)
-        model_name = next((n for n, m in PRESETS.items() if m == cfg.model), "current (custom)")
+        model_name = next((n for n, m in PRESETS.items() if _same_but_routing(m, cfg.model)), "current (custom)")
         self._models.setdefault(model_name, cfg.model)
         degrees = divisors(world)
 
@@ -48,6 +51,14 @@ class Controls:
         self.dp = _toggle("dp", degrees, cfg.dp if cfg.dp in degrees else 1, "data-parallel degree")
         self.tp = _toggle("tp", degrees, cfg.tp if cfg.tp in degrees else 1, "tensor-parallel degree")
         self.pp = _toggle("pp", degrees, cfg.pp if cfg.pp in degrees else 1, "pipeline-parallel degree")
+        self.ep = _toggle("ep", degrees, cfg.ep if cfg.ep in degrees else 1,
+                          "expert-parallel degree: experts split across this many of the dp ranks")
+        self.top_k = widgets.BoundedIntText(description="top-k", value=cfg.model.top_k, min=1, max=1024,
+                                            style=_LABEL, layout=widgets.Layout(width="110px"))
+        self.capacity_factor = widgets.FloatText(description="capacity factor", value=cfg.model.capacity_factor,
+                                                 step=0.25, style=_LABEL, layout=widgets.Layout(width="170px"))
+        self.aux_loss_coef = widgets.FloatText(description="aux loss coef", value=cfg.model.aux_loss_coef,
+                                               step=0.01, style=_LABEL, layout=widgets.Layout(width="160px"))
         self.zero = _toggle("ZeRO", [0, 1, 2, 3], cfg.zero, "ZeRO stage across the dp ranks")
         self.schedule = widgets.Dropdown(description="schedule", options=list(SCHEDULE_HELP), value=cfg.schedule,
                                          style=_LABEL, layout=widgets.Layout(width="210px"))
@@ -113,7 +124,7 @@ class Controls:
     def inputs(self) -> list[widgets.ValueWidget]:
         return [self.model, self.dp, self.tp, self.pp, self.zero, self.schedule, self.micro_batches,
                 self.stages_per_rank, self.recompute, self.precision, self.batch_size, self.seq_len, self.lr,
-                self.compression, self.offload]
+                self.compression, self.offload, self.ep, self.top_k, self.capacity_factor, self.aux_loss_coef]
 
     def _layout(self) -> widgets.Widget:
         row = lambda *ws: widgets.HBox(list(ws), layout=widgets.Layout(flex_flow="row wrap", align_items="center",
@@ -122,6 +133,7 @@ class Controls:
             row(self.model, self.dp, self.tp, self.pp, self.zero),
             row(self.schedule, self.micro_batches, self.stages_per_rank, self.recompute, self.precision),
             row(self.batch_size, self.seq_len, self.lr, self.compression, self.offload),
+            row(self.ep, self.top_k, self.capacity_factor, self.aux_loss_coef),
             row(self.apply_button, self.steps, self.train_button, self.stop_button, self.restart_button),
             self.message, self.explain, self.status,
         ], layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
@@ -129,15 +141,28 @@ class Controls:
     # -- inputs → Config ------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
         """The Config keyword arguments the inputs describe."""
-        return dict(model=self._models[self.model.value], dp=self.dp.value, tp=self.tp.value, pp=self.pp.value,
+        return dict(model=self._model(), ep=self.ep.value, dp=self.dp.value, tp=self.tp.value, pp=self.pp.value,
                     zero=self.zero.value, schedule=self.schedule.value, micro_batches=self.micro_batches.value,
                     stages_per_rank=self.stages_per_rank.value, activation_checkpointing=self.recompute.value,
                     precision=self.precision.value, batch_size=self.batch_size.value, seq_len=self.seq_len.value,
                     lr=self.lr.value, compression=self.compression.value, offload=self.offload.value, **self._kept)
 
+    def _model(self) -> ModelConfig:
+        """The chosen model, with the routing inputs applied when it is a mixture of experts."""
+        model = self._models[self.model.value]
+        if not model.n_experts:
+            return model
+        try:
+            return dataclasses.replace(model, top_k=self.top_k.value, capacity_factor=self.capacity_factor.value,
+                                       aux_loss_coef=self.aux_loss_coef.value)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. an empty number field: said inline like any refusal
+            raise ConfigError(f"model: {e}") from e
+
     def set_config(self, cfg: Config) -> None:
         """Show `cfg` in the inputs (validated like any user change)."""
-        name = next((n for n, m in self._models.items() if m == cfg.model), None)
+        name = next((n for n, m in self._models.items() if _same_but_routing(m, cfg.model)), None)
         if name is None:
             name = "current (custom)"
             self._models[name] = cfg.model
@@ -149,7 +174,9 @@ class Controls:
                                   (self.micro_batches, cfg.micro_batches), (self.stages_per_rank, cfg.stages_per_rank),
                                   (self.recompute, cfg.activation_checkpointing), (self.precision, cfg.precision),
                                   (self.batch_size, cfg.batch_size), (self.seq_len, cfg.seq_len), (self.lr, cfg.lr),
-                                  (self.compression, cfg.compression), (self.offload, cfg.offload)):
+                                  (self.compression, cfg.compression), (self.offload, cfg.offload),
+                                  (self.ep, cfg.ep if cfg.ep in self.ep.options else 1),
+                                  *((getattr(self, f), getattr(cfg.model, f)) for f in _ROUTING)):
                 widget.value = value
         self.validate()
 
@@ -169,6 +196,9 @@ class Controls:
             self.config, self.error = cfg, None
         self.schedule.disabled = self.pp.value == 1
         self.stages_per_rank.disabled = self.pp.value == 1 or self.schedule.value != "interleaved_1f1b"
+        dense = not self._models[self.model.value].n_experts
+        for widget in (self.top_k, self.capacity_factor, self.aux_loss_coef):
+            widget.disabled = dense  # routing settings of a mixture of experts; a dense model has none
         self._show()
         return self.config
 
@@ -298,6 +328,9 @@ class Controls:
             lines.append(COMPRESSION_HELP[self.compression.value])
         if self.offload.value:
             lines.append(OFFLOAD_HELP)
+        if self.config is not None and self.config.model.n_experts:
+            lines.append(MOE_HELP.format(cfg=self.config, m=self.config.model,
+                                         capacity=self.config.model.expert_capacity(self.config.seq_len)))
         return "<div style='color:#444;font-size:12px;line-height:1.35'>" + "<br>".join(
             "ℹ " + html.escape(line, quote=False) for line in lines) + "</div>"
 
@@ -312,6 +345,15 @@ class Controls:
         parts = [f"<b>{pool.world_size} ranks</b>", html.escape(pool.device), html.escape(pool.backend or "?"), health,
                  f"layout <b>{html.escape(layout)}</b>", f"{steps} steps trained", html.escape(activity)]
         return "<div style='font-size:12px'>" + " · ".join(parts) + "</div>"
+
+
+MOE_HELP = ("mixture of experts: {m.n_experts} experts, top-{m.top_k}, each expert takes at most {capacity} of a "
+            "sequence's assignments (capacity factor {m.capacity_factor}); ep={cfg.ep}: "
+            "experts split over that many dp ranks, tokens sent to them by all-to-all")
+
+
+def _same_but_routing(a: ModelConfig, b: ModelConfig) -> bool:
+    return a.same_weights(b) and a.n_experts == b.n_experts
 
 
 def _line(ok: bool, text: str) -> str:

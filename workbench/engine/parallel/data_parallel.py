@@ -17,6 +17,12 @@ tensor parallel, zero=0 uses torch's FSDP2-based `replicate` (the same DDP
 semantics: replicated parameters, all-reduced gradients) and FSDP2 turns the
 TP DTensors into 2-D (dp, tp) ones. ZeroRedundancyOptimizer cannot update
 DTensors at all; `Config` refuses zero=1 with tp > 1.
+
+Expert-parallel slices (ep > 1, engine/parallel/expert.py) differ across the
+ep ranks, so they are kept out of the dp-wide synchronisation and synchronised
+over the "edp" axis (`expert_mesh`) instead: DDP ignores them and a gradient
+hook averages them over edp; with ZeRO-2/3 each layer's experts are their
+own FSDP2 unit sharded over edp (expert.py says why a mean over edp is right).
 """
 
 from __future__ import annotations
@@ -40,10 +46,17 @@ from workbench.engine.parallel.compression import apply_compression, fsdp_reduce
 from workbench.engine.parallel.offload import HostOffloadAdamW
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config,
+              expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """Replicate `model` over the dp axis; gradients all-reduced during backward."""
     if any(isinstance(p, DTensor) for p in model.parameters()):
         return _replicate_dtensor_model(model, dp_mesh)
+    if expert_mesh is not None:
+        from workbench.engine.parallel.expert import expert_modules, sync_expert_gradients_with_hooks
+
+        ignored = [f"{name}.{p}" for name, m in expert_modules(model) for p, _ in m.named_parameters()]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
+        sync_expert_gradients_with_hooks(model, expert_mesh)
     # process_group, not device_mesh: given a slice of a larger mesh, DDP applies its TP workaround.
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
     # No buffer sync: the only buffer is the rotary table, identical everywhere by construction, and
@@ -71,7 +84,8 @@ def _replicate_dtensor_model(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module
     return replicate(model, mesh=dp_mesh)
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> Transformer:
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
+               expert_mesh: DeviceMesh | None = None) -> Transformer:
     """Shard each block, then the root (embedding, final norm, output head), across the dp axis."""
     # Under tensor parallel the root returns the logits as a view of a DTensor's local tensor; FSDP2
     # warns that in-place ops on it would skip its hook. The loss only reads the logits: not our case.
@@ -81,6 +95,12 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> Transfor
     # neighbouring blocks' computation. ZeRO-2 keeps gathered parameters from forward to backward.
     per_block = cfg.zero == 3
     policies = _fsdp_policies(dp_mesh, cfg)
+    if expert_mesh is not None:
+        from workbench.engine.parallel.expert import expert_modules
+
+        # First, so each block's unit below leaves the expert slices to theirs (sharded over edp only).
+        for _, experts in expert_modules(model):
+            fully_shard(experts, mesh=expert_mesh, reshard_after_forward=per_block, **policies)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block, **policies)
     # The root's parameters are used first thing in backward (the output head), so resharding them
@@ -107,13 +127,15 @@ def _fsdp_policies(dp_mesh: DeviceMesh, cfg: Config) -> dict:
     return policies
 
 
-def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config) -> nn.Module:
-    """Replicate or shard `model` (or a pipeline chunk) over the dp axis according to `cfg.zero`."""
+def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
+             expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """Replicate or shard `model` (or a pipeline chunk) over the dp axis according to `cfg.zero`;
+    expert-parallel slices over `expert_mesh` (the "edp" axis) instead, when given."""
     if dp_mesh.size() == 1:
         return model
     if cfg.zero <= 1:
-        return apply_ddp(model, dp_mesh, cfg)
-    return apply_fsdp(model, dp_mesh, cfg)
+        return apply_ddp(model, dp_mesh, cfg, expert_mesh)
+    return apply_fsdp(model, dp_mesh, cfg, expert_mesh)
 
 
 def build_optimizer(module: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> torch.optim.Optimizer:

@@ -1,0 +1,162 @@
+"""Expert parallel: each MoE layer's experts split over the "ep" axis, tokens sent to them by all-to-all.
+
+GShard / DeepSpeed-MoE / torchtitan style: the ep ranks are data-parallel
+ranks (the dp axis is ("edp", "ep"), see engine/mesh.py). Each holds a
+contiguous 1/ep slice of every MoE layer's experts, routes its own tokens,
+and in each MoE layer
+    1. all-to-all the token counts per expert (every rank learns how many rows
+       it will receive from each other rank, for each of its experts),
+    2. all-to-all the routed tokens (variable-size splits) to the ranks holding
+       their experts, run the local experts on them,
+    3. all-to-all the outputs back, in the same splits reversed.
+Backward runs the two token exchanges in reverse (the gradient of an
+all-to-all is the all-to-all with the splits swapped).
+
+Gradients: a local expert's gradient sums the contributions of all ep ranks'
+tokens (the all-to-all backward brings them home), where a dense parameter's
+holds one rank's. So the expert slices' gradient is scaled by 1/ep (in backward
+only, exact for a power of two), then averaged over "edp" (the replicas of the
+same experts: a gradient hook under DDP, FSDP2's own mean over edp under ZeRO
+2/3), as the dense gradients are averaged over dp: both then hold the gradient
+of the mean loss over the global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from workbench.config import Config
+from workbench.engine.model import GroupedExperts, MoEFeedForward
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with autograd: rows `in_splits` go out, rows `out_splits` come in."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `factor`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+class ExpertParallelExperts(GroupedExperts):
+    """This rank's slice of a layer's experts (same parameter names, so state keys stay the bare model's),
+    taking the layer's tokens for *all* experts and exchanging them over the ep axis."""
+
+    def __init__(self, full: GroupedExperts, ep_mesh: DeviceMesh) -> None:
+        n_experts, dim, hidden = full.w1.shape
+        self.ep_size, self.ep_rank = ep_mesh.size(), ep_mesh.get_local_rank()
+        self.n_local = n_experts // self.ep_size
+        super().__init__(self.n_local, dim, hidden)
+        self.group = ep_mesh.get_group()
+        lo = self.ep_rank * self.n_local
+        with torch.no_grad():
+            for name in ("w1", "w2", "w3"):
+                getattr(self, name).copy_(getattr(full, name)[lo:lo + self.n_local])
+
+    def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """tokens sorted by (global) expert, counts (n_experts,) → their outputs, same order."""
+        ep, n_local = self.ep_size, self.n_local
+        # 1. counts: after the exchange, received[s, j] = rows rank s sends for local expert j.
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts.contiguous(), group=self.group)
+        received = received.view(ep, n_local)
+        send_splits = counts.view(ep, n_local).sum(dim=1).tolist()
+        recv_splits = received.sum(dim=1).tolist()  # the host sync the variable splits need
+        # 2. tokens out; what arrives is grouped by source rank, then by local expert: regroup by expert.
+        arrived = _AllToAll.apply(tokens, recv_splits, send_splits, self.group)
+        expert_of_row = torch.repeat_interleave(
+            torch.arange(n_local, device=tokens.device).repeat(ep), received.flatten())
+        by_expert = torch.argsort(expert_of_row, stable=True)
+        # The weights' gradient summed every ep rank's tokens: 1/ep of the output's gradient makes it a mean, and
+        # ep times the input's gradient leaves the tokens' gradient as it was (the experts are linear in it).
+        local = _ScaleGrad.apply(arrived[by_expert], float(ep))
+        out = _ScaleGrad.apply(super().forward(local, received.sum(dim=0)), 1.0 / ep)
+        # 3. outputs back to where their tokens came from, in the arrival order.
+        return _AllToAll.apply(out[torch.argsort(by_expert)], send_splits, recv_splits, self.group)
+
+
+def apply_ep(model: nn.Module, mesh: DeviceMesh, cfg: Config) -> nn.Module:
+    """Replace every MoE layer's experts by this rank's 1/ep slice that exchanges tokens over `mesh["ep"]`."""
+    if cfg.ep == 1:
+        return model
+    for moe in model.modules():
+        if isinstance(moe, MoEFeedForward) and not isinstance(moe.experts, ExpertParallelExperts):
+            moe.experts = ExpertParallelExperts(moe.experts, mesh["ep"]).to(moe.experts.w1.device)
+    return model
+
+
+def expert_modules(model: nn.Module) -> list[tuple[str, ExpertParallelExperts]]:
+    """(name in `model`, module) of every expert-parallel slice: what data parallel and state export treat apart."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, ExpertParallelExperts)]
+
+
+def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for _, m in expert_modules(model) for p in m.parameters()]
+
+
+def sync_expert_gradients_with_hooks(model: nn.Module, edp_mesh: DeviceMesh) -> None:
+    """For DDP (zero 0), which ignores the expert slices: average each expert gradient over edp as autograd
+    produces it (every micro-batch: a sum of all-reduces is the all-reduce of the sum)."""
+    group, replicas = edp_mesh.get_group(), edp_mesh.size()
+    if replicas == 1:
+        return  # dp == ep: every expert slice is held once, nothing to average
+
+    def sync(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad / replicas
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    for p in expert_parameters(model):
+        p.register_hook(sync)
+
+
+@dataclass(frozen=True)
+class ExpertShard:
+    """Where a bare parameter name's tensor is a slice along dim 0 of the full experts tensor."""
+
+    rank: int
+    size: int
+    group: object
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """All ep slices, concatenated along dim 0 (collective over the ep axis)."""
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local.contiguous(), group=self.group)
+        return torch.cat(parts)
+
+    def slice(self, full: torch.Tensor) -> torch.Tensor:
+        n = full.shape[0] // self.size
+        return full[self.rank * n:(self.rank + 1) * n]
+
+
+def expert_shards(model: nn.Module, bare_name) -> dict[str, ExpertShard]:
+    """Bare parameter name → its ep slicing, for every expert-parallel parameter of `model`."""
+    return {bare_name(f"{name}.{pname}"): ExpertShard(m.ep_rank, m.ep_size, m.group)
+            for name, m in expert_modules(model) for pname, _ in m.named_parameters()}
