@@ -33,8 +33,7 @@ def step_times(bench: wb.Workbench) -> list[float]:
 
 def probe_costs() -> dict[str, float]:
     """Time each probe piece on a rank, on the trained model (microseconds per call)."""
-    from workbench.pool import rank
-    from workbench.telemetry import native, probes
+    from workbench.telemetry import memory, native
 
     from workbench.engine.session import current
 
@@ -49,10 +48,10 @@ def probe_costs() -> dict[str, float]:
 
     ivs = [wb.Interval("compute", "x", i * 10, i * 10 + 5) for i in range(50)]
     return {
-        "parameter_bytes": per_call(lambda: probes.parameter_bytes(modules)),
-        "gradient_bytes": per_call(lambda: probes.gradient_bytes(modules)),
-        "optimizer_bytes": per_call(lambda: probes.optimizer_bytes(optimizers, trainer.device)),
-        "process_bytes": per_call(lambda: probes.process_bytes(trainer.device)),
+        "parameter_bytes": per_call(lambda: memory.parameter_bytes(modules)),
+        "gradient_bytes": per_call(lambda: memory.gradient_bytes(modules)),
+        "optimizer_bytes": per_call(lambda: memory.optimizer_bytes(optimizers, trainer.device)),
+        "process_bytes": per_call(lambda: memory.process_bytes(trainer.device)),
         "span open+close": per_call(lambda: native.span("compute", "x").__enter__() or None),
         "drain (empty)": per_call(native.drain),
         "step_summary(50 spans)": per_call(lambda: native.step_summary(ivs)),

@@ -28,7 +28,7 @@ def test_a_collective_result_saved_twice_counts_once():
     import torch
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-    from workbench.telemetry.probes import ActivationMeter
+    from workbench.telemetry.activations import ActivationMeter
 
     # What the embedding's sequence-parallel reduce-scatter returns: a wrapper owning no storage of its own. The
     # meter saves a detached alias of each saved tensor, and detaching it makes a new wrapper every time.

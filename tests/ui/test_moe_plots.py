@@ -9,7 +9,8 @@ import dataclasses
 import workbench as wb
 from tests.ui.fakes import step_metrics
 from workbench.telemetry.store import TelemetryStore
-from workbench.ui.plots import LivePlots, static_figures
+from workbench.ui.live import LivePlots
+from workbench.ui.panels import static_figures
 
 MOE = wb.Config(dp=2, ep=2, model=dataclasses.replace(wb.ModelConfig.preset("tiny-moe"), moe_every=2))
 LOADS = [((300, 200, 260, 264), (512, 12, 0, 500)), ((256, 256, 256, 256), (400, 124, 250, 250))]

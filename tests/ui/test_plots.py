@@ -13,7 +13,8 @@ import workbench as wb
 from tests.ui.fakes import step_metrics
 from workbench.engine.parallel.schedule_grid import ideal_bubble_fraction, measured_bubble, schedule_grid
 from workbench.telemetry.store import TelemetryStore
-from workbench.ui.plots import LivePlots, Ticker, pipeline_intervals, static_figures
+from workbench.ui.live import LivePlots, Ticker
+from workbench.ui.panels import pipeline_intervals, static_figures
 
 
 def _fed(steps: int = 5, telemetry: bool = True, **kw) -> TelemetryStore:

@@ -6,7 +6,7 @@ import re
 
 import workbench as wb
 from tests.ui.fakes import fake_workbench
-from workbench.ui.plots import PANELS
+from workbench.ui.panels import PANELS
 from workbench.ui.report import report
 
 

@@ -2,10 +2,10 @@
 
 A `StepProbe` rides along a trainer's step. It opens compute spans in the
 compiled recorder (collectives are recorded by the recording backend on
-their own), counts the bytes autograd saves for backward as they come and go,
-reads memory by category from the actual tensors (local shards under ZeRO and
-TP), and turns the step's spans into communication time, exposed
-communication and overlap. `NullProbe` is the same interface doing nothing,
+their own), counts the bytes autograd saves for backward as they come and go
+(`telemetry.activations`), reads memory by category from the actual tensors
+(`telemetry.memory`: local shards under ZeRO and TP), and turns the step's
+spans into communication time, exposed communication and overlap. `NullProbe` is the same interface doing nothing,
 so the trainer reads the same with telemetry on or off.
 """
 
@@ -13,189 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import torch
-from torch import nn
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from workbench.estimate import flops_per_token
-from workbench.telemetry.events import MEMORY_CATEGORIES as CATEGORIES
+from workbench.telemetry.activations import ActivationMeter
 from workbench.telemetry.events import Interval, StepMetrics
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    # A DTensor's shard on this rank, read without going through autograd (to_local would record a node).
-    return getattr(t, "_local_tensor", t)
-
-
-def local_bytes(t: torch.Tensor) -> int:
-    """Bytes this rank holds for `t`: a DTensor's local shard, a plain tensor's own elements."""
-    local = _local(t)
-    return local.numel() * local.element_size()
-
-
-def parameter_bytes(modules: list[nn.Module]) -> int:
-    """Parameters held now, counting FSDP2's gathered (unsharded) copies while they are allocated."""
-    total, seen = 0, set()
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += local_bytes(p)
-        for fsdp_param in _fsdp_params(module):
-            # While gathered, the module exposes the unsharded parameter and the shard lives on beside it.
-            sharded = getattr(fsdp_param, "sharded_param", None)
-            if sharded is not None and id(sharded) not in seen:
-                seen.add(id(sharded))
-                total += local_bytes(sharded)
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None and id(unsharded) not in seen:
-                seen.add(id(unsharded))
-                total += unsharded.untyped_storage().nbytes()  # 0 while resharded (storage freed)
-    return total
-
-
-def _fsdp_params(module: nn.Module) -> Iterator[Any]:
-    # FSDP2 keeps the gathered parameters apart from the sharded ones the module exposes.
-    for sub in module.modules():
-        state = getattr(sub, "_get_fsdp_state", None)
-        group = getattr(state(), "_fsdp_param_group", None) if state else None
-        if group is not None:
-            yield from group.fsdp_params
-
-
-def gradient_bytes(modules: list[nn.Module]) -> int:
-    return sum(local_bytes(p.grad) for m in modules for p in m.parameters() if p.grad is not None)
-
-
-def optimizer_bytes(optimizers: list[torch.optim.Optimizer], device: torch.device) -> int:
-    """Optimizer state held on `device`: with offload (Config.offload) a GPU rank's moments live on the host and
-    are not counted; on a CPU rank the host is the device."""
-    total = 0
-    for opt in optimizers:
-        inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's state in .optim
-        for state in inner.state.values():
-            total += sum(local_bytes(v) for v in state.values()
-                         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device.type == device.type)
-    return total
-
-
-def process_bytes(device: torch.device) -> int:
-    """Everything this rank's process holds on its device: RSS on CPU, the caching allocator on CUDA."""
-    if device.type == "cuda":
-        return torch.cuda.memory_reserved(device)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class ActivationMeter:
-    """Bytes the forward graph saves for backward, live: counted when saved, released when the graph frees them.
-
-    Only what the micro-batches in flight add: a saved parameter, or a view of
-    one (linear saves its weight transposed), and a saved view of a module
-    buffer (`buffers`: the rotary table) share memory the model holds anyway;
-    so does a pipeline stage's input, received into a buffer torch allocates
-    per micro-batch once and keeps between steps.
-    A storage saved by several ops counts once, also when reached through
-    wrappers that own none (a DTensor, an async collective's result). Under
-    activation checkpointing the checkpoint's own hooks take precedence inside
-    checkpointed regions: what they discard is never counted (exactly the
-    memory recompute saves), and neither is the block backward rebuilds from
-    it, a transient of backward like the gradients in flight. So the peak is
-    the end of the forward that leaves the most saved, the moment
-    `wb.estimate`'s `activations` describes.
-    """
-
-    def __init__(self, buffers: Iterable[torch.Tensor] = ()) -> None:
-        self.live = self.peak = 0
-        self._refs: dict[int, list[int]] = {}  # storage pointer -> [references, bytes]
-        self._ignored = {_storage(b)[0] for b in buffers}
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
-    @contextlib.contextmanager
-    def watching(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
-            yield
-
-    def _pack(self, t: torch.Tensor) -> Any:
-        # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain) or a pipeline stage's
-        # receive buffer, not an activation; a view's memory is its base's. Tensor parallel wraps a received input
-        # in a DTensor that is no leaf, so the local tensor is looked at too.
-        if _leaf_requiring_grad(t) or _leaf_requiring_grad(_local(t)):
-            return t
-        # Hold a detached alias, never the tensor itself: an op's own output (rsqrt's, attention's) carries that
-        # op's grad_fn, which owns this packed object, a cycle through C++ that Python's gc cannot see. Backward
-        # breaks it as it frees the saved tensors, but a graph dropped without backward (the first pipeline stage's
-        # shape-inference forward) would then hold its saved tensors for ever. Autograd reattaches the grad_fn on
-        # unpack, so nothing is lost.
-        t = t.detach()
-        ptr, nbytes = _storage(t)
-        if not nbytes or ptr in self._ignored:
-            return t
-        ref = self._refs.get(ptr)
-        if ref is None:
-            self._refs[ptr] = [1, nbytes]
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-        else:
-            ref[0] += 1
-        return _Saved(t, ptr, self)
-
-    def _release(self, ptr: int) -> None:
-        ref = self._refs[ptr]
-        ref[0] -= 1
-        if ref[0] == 0:
-            self.live -= ref[1]
-            del self._refs[ptr]
-
-
-def _storage(t: torch.Tensor) -> tuple[int, int]:
-    """The address and size of the memory behind `t`, the key under which the meter counts it once.
-
-    Wrapper subclasses own no storage: a DTensor holds its local shard, and an
-    async collective's result (the sequence-parallel reduce-scatter after the
-    embedding, which the first block's norm saves twice) holds the tensor the
-    collective wrote. Each detach makes a new wrapper around the same memory, so
-    keyed by the wrapper's identity that memory would count once per save
-    (one sharded residual more per micro-batch under tp). So look through to
-    the tensor that owns the storage.
-    """
-    while is_traceable_wrapper_subclass(t):
-        # Flattening may name non-tensor parts too (DTensor's device mesh).
-        inner = [x for x in (getattr(t, name) for name in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
-        if len(inner) != 1:
-            break
-        t = inner[0]
-    try:
-        storage = t.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
-    except RuntimeError:  # a subclass with several inner tensors, or none: only itself to go by
-        return id(t), t.numel() * t.element_size()
-
-
-def _leaf_requiring_grad(t: torch.Tensor) -> bool:
-    base = t if t._base is None else t._base
-    return base.is_leaf and base.requires_grad
-
-
-class _Saved:
-    """What autograd stores instead of the tensor; when the graph drops it, its bytes are released."""
-
-    __slots__ = ("tensor", "ptr", "meter")
-
-    def __init__(self, tensor: torch.Tensor, ptr: int, meter: ActivationMeter) -> None:
-        self.tensor, self.ptr, self.meter = tensor, ptr, meter
-
-    def __del__(self) -> None:
-        self.meter._release(self.ptr)
-
-
-def _unpack(saved: Any) -> torch.Tensor:
-    return saved.tensor if isinstance(saved, _Saved) else saved
+from workbench.telemetry.memory import gradient_bytes, optimizer_bytes, parameter_bytes, process_bytes
 
 
 class NullProbe:

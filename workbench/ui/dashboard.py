@@ -9,7 +9,7 @@ import ipywidgets as widgets
 
 from workbench.ui.controls import Controls
 from workbench.ui.plan_panel import PlanPanel
-from workbench.ui.plots import LivePlots, Ticker
+from workbench.ui.live import LivePlots, Ticker
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from workbench.config import PRESETS, Config
 from workbench.telemetry.store import Snapshot
-from workbench.ui.plots import static_figures
+from workbench.ui.panels import static_figures
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
