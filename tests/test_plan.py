@@ -53,7 +53,7 @@ def test_the_plan_prints_its_top_layouts_and_why_others_were_refused(plan_8b):
 
 
 def test_an_axis_is_one_entry():
-    # How expert parallel joins the search: one Axis whose values may depend on the degrees already chosen.
+    # How an axis joins the search (ep did so): one Axis whose values may depend on the degrees already chosen.
     inputs = PlanInputs(wb.ModelConfig.preset("tiny"), 4, 16, 128, "fp32", 8)
     base = list(layouts(inputs))
     extended = list(layouts(inputs, AXES + (Axis("seed", lambda c, p: range(c["dp"])),)))
@@ -94,3 +94,26 @@ def test_scaling_says_every_other_change_the_local_world_needs():
                      batch_size=8, seq_len=4096)
     scaled = scale_layout(pipe, 2, wb.Config())
     assert (scaled.config.pp, scaled.config.micro_batches) == (2, 4) and scaled.config.world_size == 2
+
+
+def test_a_mixture_of_experts_is_planned_over_ep_too():
+    moe = wb.ModelConfig.preset("tiny-moe")
+    p = plan(moe, hardware="h100", gpus=8, global_batch=64, seq_len=256)
+    tried = {(c.choice["dp"], c.choice["ep"]) for c in (*p.ranked, *p.refused)}
+    # ep takes every divisor of dp that divides the experts: 4 experts on dp=8 → ep ∈ {1, 2, 4}.
+    assert {(8, 1), (8, 2), (8, 4)} <= tried and all(dp % ep == 0 and moe.n_experts % ep == 0 for dp, ep in tried)
+    assert any(c.config.ep > 1 for c in p.ranked)
+    for c in p.ranked:  # the estimator sees each ep: experts split over more ranks leave fewer parameters per rank
+        assert c.estimate == wb.estimate(c.config, "h100", efficiency=p.efficiency)
+    dense = plan("tiny", hardware="h100", gpus=8, global_batch=64, seq_len=256)
+    assert {c.choice["ep"] for c in (*dense.ranked, *dense.refused)} == {1}
+
+
+def test_ep_is_kept_as_far_as_the_local_dp_and_experts_allow():
+    moe = wb.ModelConfig.preset("tiny-moe")
+    planned = wb.Config(model=moe, dp=8, ep=4, zero=3, batch_size=64)
+    scaled = scale_layout(planned, 2, wb.Config(model=moe, batch_size=8, seq_len=64))
+    assert (scaled.config.dp, scaled.config.ep, scaled.config.zero) == (2, 2, 3)
+    assert "ep 4→2" in scaled.describe()
+    onto_dense = scale_layout(planned, 2, wb.Config(batch_size=8, seq_len=64))
+    assert onto_dense.config.ep == 1 and "the local model is dense" in onto_dense.describe()

@@ -53,10 +53,17 @@ def _micro_batches(c: dict[str, Any], p: PlanInputs) -> list[int]:
     return [m for m in values if p.global_batch % (c["dp"] * m) == 0] or [low]
 
 
+def _expert_parallel(c: dict[str, Any], p: PlanInputs) -> list[int]:
+    # Experts split over a subset of the dp ranks (ep divides dp); a dense model has none to split.
+    experts = p.model.n_experts
+    return [d for d in divisors(c["dp"]) if experts % d == 0] if experts else [1]
+
+
 AXES: tuple[Axis, ...] = (
     Axis("tp", lambda c, p: divisors(p.gpus)),
     Axis("pp", lambda c, p: divisors(p.gpus // c["tp"])),
     Axis("dp", lambda c, p: [p.gpus // (c["tp"] * c["pp"])]),
+    Axis("ep", _expert_parallel),
     Axis("schedule", lambda c, p: ["gpipe", "1f1b", "interleaved_1f1b"] if c["pp"] > 1 else ["1f1b"]),
     Axis("micro_batches", _micro_batches),
     Axis("zero", lambda c, p: [0, 1, 2, 3] if c["dp"] > 1 else [0]),
@@ -196,7 +203,7 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
 
 
 # -- onto the local pool --------------------------------------------------------------------------------------
-LAYOUT_FIELDS = ("dp", "tp", "pp", "schedule", "micro_batches", "stages_per_rank", "zero",
+LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "schedule", "micro_batches", "stages_per_rank", "zero",
                  "activation_checkpointing", "precision")
 """What a planned layout carries to the local pool; the model, batch, sequence and optimizer stay the local ones."""
 
@@ -217,7 +224,7 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
     """`layout`'s parallel settings on `world` local ranks, for `onto`'s model, batch and training settings.
 
     Degrees: tp is kept as far as `world` and the local model allow, then pp, and dp takes the ranks left (so dp
-    shrinks first). Then whatever the new degrees need: ZeRO off without dp ranks, enough micro-batches for the
+    shrinks first); ep as far as the new dp and the local model's experts allow. Then whatever the new degrees need: ZeRO off without dp ranks, enough micro-batches for the
     schedule, a batch the dp·micro-batch split divides, a sequence tp divides. Refuses (ConfigError) only when no
     layout of those axes fits the local world.
     """
@@ -230,12 +237,20 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
     dp = world // (tp * pp)
     changes = [f"{axis} {old}→{new}" if old != new else f"{axis} {old} kept"
                for axis, old, new in (("dp", layout.dp, dp), ("pp", layout.pp, pp), ("tp", layout.tp, tp))]
+    experts = model.n_experts
+    ep = max(d for d in divisors(dp) if d <= layout.ep and (experts % d == 0 if experts else d == 1))
+    if ep != layout.ep:
+        why = "the local model is dense" if not experts else f"ep divides dp={dp} and the {experts} experts"
+        changes.append(f"ep {layout.ep}→{ep} ({why})")
     zero, micro = layout.zero, layout.micro_batches
     if zero and dp == 1:
         changes.append(f"zero {zero}→0 (no dp ranks to shard across)")
         zero = 0
     if zero == 1 and tp > 1:
         changes.append("zero 1→2 (ZeroRedundancyOptimizer cannot update tensor-parallel parameters)")
+        zero = 2
+    if zero == 1 and ep > 1:
+        changes.append("zero 1→2 (ZeroRedundancyOptimizer cannot hold expert slices that differ across ep ranks)")
         zero = 2
     if pp > 1 and micro < pp:
         changes.append(f"micro_batches {micro}→{pp} (the schedule needs ≥ pp)")
@@ -255,6 +270,6 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
         changes.append(f"seq_len {seq}→{new} (a multiple of tp)")
         seq = new
     settings = {f: getattr(layout, f) for f in LAYOUT_FIELDS}
-    settings.update(dp=dp, tp=tp, pp=pp, zero=zero, micro_batches=micro)
+    settings.update(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batches=micro)
     cfg = dataclasses.replace(onto, batch_size=batch, seq_len=seq, **settings)
     return Scaled(cfg, tuple(changes))
