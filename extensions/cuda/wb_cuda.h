@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define WB_CUDA_ABI_VERSION 2
+#define WB_CUDA_ABI_VERSION 3
 
 // Built with -fvisibility=hidden: only these functions are exported, not the
 // statically linked CUDA runtime or C++ library internals.
@@ -27,29 +27,6 @@ WB_API int wb_cuda_abi_version(void);
 WB_API const char* wb_cuda_error_string(int error);
 WB_API int wb_cuda_device_count(int* count);
 WB_API int wb_cuda_mem_info(int device, size_t* free_bytes, size_t* total_bytes);
-
-// A stamper times spans of GPU work with CUDA events and reports them on the
-// host's monotonic clock (ns, same as time.monotonic_ns()).
-typedef struct wb_stamper wb_stamper;
-
-typedef struct {
-  int64_t id;
-  int64_t start_ns;
-  int64_t end_ns;
-} wb_span;
-
-WB_API int wb_stamper_create(int device, wb_stamper** out);
-WB_API void wb_stamper_destroy(wb_stamper* s);
-// Records the start event on `stream`; *id names the span for end().
-WB_API int wb_stamper_begin(wb_stamper* s, uintptr_t stream, int64_t* id);
-// Records the end event on `stream` (may differ from the start's stream).
-WB_API int wb_stamper_end(wb_stamper* s, int64_t id, uintptr_t stream);
-// Writes up to `capacity` finished spans, never waiting for the GPU: spans
-// whose events have not completed stay pending for a later drain. *written
-// gets the count.
-WB_API int wb_stamper_drain(wb_stamper* s, wb_span* out, int capacity, int* written);
-// Spans begun or ended but not yet drained (not an error code).
-WB_API int wb_stamper_pending(wb_stamper* s);
 
 // Marks (marks.cu): one CUDA event recorded on a stream, read back later as
 // a raw reading that Python pairs into intervals. Process-wide, every device.

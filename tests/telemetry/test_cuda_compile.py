@@ -40,7 +40,7 @@ def test_compiles_and_exports_its_interface(fresh_library):
 
 def test_every_cu_file_is_compiled_and_every_exported_function_is_declared():
     sources = sorted(p.name for p in cuda.SOURCE_DIR.glob("*.cu"))
-    assert {"marks.cu", "runtime.cu", "spin.cu", "stamps.cu"} <= set(sources)
+    assert {"marks.cu", "runtime.cu", "spin.cu", "quantize.cu"} <= set(sources)
     cmd = cuda.compile_command(cuda.SOURCE_DIR / "unused.so") if cuda.nvcc() else []
     if cmd:
         assert sorted(os.path.basename(a) for a in cmd if a.endswith(".cu")) == sources
@@ -101,7 +101,7 @@ def test_without_a_usable_gpu_errors_are_clean(fresh_library):
         # no driver: a readable error, not a crash
         assert "CUDA error" in str(e) and "(" in str(e)
         with pytest.raises(cuda.CudaError):
-            cuda.StreamStamper(0)
+            cuda.memory(0)
         return
     if n > 0:
         pytest.skip("a GPU is present; the gpu-marked tests cover it")
@@ -121,34 +121,6 @@ def gpu():
 def test_memory_counters(gpu):
     free, total = cuda.memory(0)
     assert 0 < free <= total
-
-
-@pytest.mark.gpu
-def test_spans_are_read_back_without_waiting_for_the_gpu(gpu):
-    stamper = cuda.StreamStamper(0)
-    before = time.monotonic_ns()
-    span = stamper.begin("compute", "spin", stream=0)
-    cuda.spin(0, 50_000_000)  # 50 ms of GPU work on the default stream
-    stamper.end(span, stream=0)
-
-    t0 = time.perf_counter()
-    assert stamper.drain() == []  # still running: kept, not waited for
-    assert time.perf_counter() - t0 < 0.005
-    assert stamper.pending == 1
-
-    deadline = time.monotonic() + 5
-    done = []
-    while not done and time.monotonic() < deadline:
-        time.sleep(0.01)
-        done = stamper.drain()
-    after = time.monotonic_ns()
-    (iv,) = done
-    assert (iv.kind, iv.name) == ("compute", "spin")
-    assert 50e-3 <= iv.duration_s < 52e-3
-    # On the host clock: after it was enqueued (anchor error well under 1 ms), before we saw it.
-    assert before - 1_000_000 <= iv.start_ns < iv.end_ns <= after
-    assert stamper.pending == 0
-    stamper.close()
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""The CUDA part of the telemetry: GPU spans timed with CUDA events, device memory counters.
+"""The CUDA part of the telemetry: marks (CUDA events read back without waiting), device memory counters, and the
+quantisers of gradient compression.
 
 Built from ``extensions/cuda/*.cu`` with nvcc alone (CUDA runtime API only,
 no torch CUDA libraries needed to compile) into a shared library in the same
@@ -16,11 +17,10 @@ import subprocess
 import threading
 from pathlib import Path
 
-from workbench.telemetry.events import Interval, IntervalKind
 from workbench.telemetry.native import NativeBuildError, cache_root, mark_used
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "cuda"
-ABI_VERSION = 2
+ABI_VERSION = 3
 # Cubins for A100 and H100/H200, plus PTX for compute 7.5 that the driver
 # compiles for any newer GPU; WORKBENCH_CUDA_ARCHS="80;90" overrides.
 _DEFAULT_GENCODE = [
@@ -107,10 +107,6 @@ def load() -> ctypes.CDLL:
         return _lib
 
 
-class _Span(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int64), ("start_ns", ctypes.c_int64), ("end_ns", ctypes.c_int64)]
-
-
 class _MarkReading(ctypes.Structure):
     # wb_mark_reading in wb_cuda.h, field for field.
     _fields_ = [("mark", ctypes.c_int64), ("state", ctypes.c_int32), ("error", ctypes.c_int32),
@@ -128,12 +124,6 @@ def _signatures() -> dict[str, tuple[list, object]]:
         "wb_cuda_error_string": ([c_int], ctypes.c_char_p),
         "wb_cuda_device_count": ([p(c_int)], c_int),
         "wb_cuda_mem_info": ([c_int, p(ctypes.c_size_t), p(ctypes.c_size_t)], c_int),
-        "wb_stamper_create": ([c_int, p(ctypes.c_void_p)], c_int),
-        "wb_stamper_destroy": ([ctypes.c_void_p], None),
-        "wb_stamper_begin": ([ctypes.c_void_p, ctypes.c_size_t, p(ctypes.c_int64)], c_int),
-        "wb_stamper_end": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t], c_int),
-        "wb_stamper_drain": ([ctypes.c_void_p, p(_Span), c_int, p(c_int)], c_int),
-        "wb_stamper_pending": ([ctypes.c_void_p], c_int),
         "wb_mark": ([c_int, ctypes.c_size_t], ctypes.c_int64),
         "wb_mark_again": ([ctypes.c_int64, ctypes.c_size_t], c_int),
         "wb_marks_read": ([p(ctypes.c_int64), c_int, p(_MarkReading), c_int], c_int),
@@ -216,59 +206,3 @@ def live_marks() -> int:
 def spin(stream: int, ns: int) -> None:
     """Enqueue a kernel that keeps the GPU busy for about ``ns`` nanoseconds (tests, calibration)."""
     _check(load().wb_cuda_spin(stream, ns), "spin kernel launch")
-
-
-class StreamStamper:
-    """Times spans of GPU work on given streams, read back without ever waiting for the GPU.
-
-    ``begin`` and ``end`` record CUDA events on the stream(s); ``drain`` returns the spans whose
-    end has happened on the GPU, on the host's monotonic clock, and keeps the rest for later.
-    """
-
-    def __init__(self, device: int = 0) -> None:
-        self._lib = load()
-        handle = ctypes.c_void_p()
-        _check(self._lib.wb_stamper_create(device, ctypes.byref(handle)), "creating a stamper")
-        self._handle = handle
-        self.device = device
-        self._names: dict[int, tuple[IntervalKind, str, str]] = {}
-
-    def begin(self, kind: IntervalKind, name: str, stream: int, label: str | None = None) -> int:
-        """Stamp the start on ``stream``; returns the id for :meth:`end`."""
-        span_id = ctypes.c_int64()
-        _check(self._lib.wb_stamper_begin(self._handle, stream, ctypes.byref(span_id)), f"begin {name}")
-        self._names[span_id.value] = (kind, name, label or f"cuda:{stream:#x}")
-        return span_id.value
-
-    def end(self, span_id: int, stream: int) -> None:
-        """Stamp the end on ``stream`` (which may differ from the start's)."""
-        _check(self._lib.wb_stamper_end(self._handle, span_id, stream), f"end of span {span_id}")
-
-    @property
-    def pending(self) -> int:
-        """Spans not drained yet (still running on the GPU, or not ended)."""
-        return self._lib.wb_stamper_pending(self._handle)
-
-    def drain(self, capacity: int = 4096) -> list[Interval]:
-        """Every span finished on the GPU so far, as records; unfinished ones stay pending."""
-        out: list[Interval] = []
-        buf = (_Span * capacity)()
-        while True:
-            written = ctypes.c_int()
-            _check(self._lib.wb_stamper_drain(self._handle, buf, capacity, ctypes.byref(written)), "drain")
-            for s in buf[: written.value]:
-                kind, name, label = self._names.pop(s.id)
-                out.append(Interval(kind, name, s.start_ns, s.end_ns, stream=label))
-            if written.value < capacity:
-                return out
-
-    def close(self) -> None:
-        if self._handle:
-            self._lib.wb_stamper_destroy(self._handle)
-            self._handle = ctypes.c_void_p()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass  # interpreter shutdown: the library may already be gone
