@@ -133,20 +133,6 @@ def test_routing_settings_keep_the_weights_so_a_layout_change_carries_them():
     assert not MOE.same_weights(dataclasses.replace(MOE, shared_expert=True))
 
 
-def test_checkpoints_of_an_expert_parallel_layout_are_refused_with_the_fix(tmp_path):
-    from tests.ui.fakes import fake_workbench
-    from workbench.checkpoints import CheckpointError
-
-    bench = fake_workbench(world_size=2)
-    bench.apply(Config(model=MOE, dp=2, ep=2))
-    with pytest.raises(CheckpointError, match=r"^ep: .*Fix: bench.apply\(cfg.replace\(ep=1\)\)"):
-        bench.save(tmp_path)
-    with pytest.raises(CheckpointError, match="^ep: "):
-        bench.load(tmp_path)
-    with pytest.raises(CheckpointError, match="^ep: "):
-        bench.train(5, save_every=2, save_to=tmp_path)
-
-
 def test_moe_flops_per_token_agree_with_the_flop_counter():
     # Nothing dropped (capacity for a whole sequence): each token goes through top_k experts and the router.
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -223,15 +223,6 @@ def config_from_json(data: dict[str, Any]) -> Config:
     return Config(**{**data, "model": ModelConfig(**data["model"])})
 
 
-def refuse_expert_parallel(cfg: Config | None, what: str) -> None:
-    """Checkpoints are sharded by torch.distributed.checkpoint, which sees each rank's expert slice as a whole
-    tensor under the same name as the other ranks' slices: it would keep one slice. Not implemented yet."""
-    if cfg is not None and cfg.ep > 1:
-        raise CheckpointError(f"ep: cannot {what} at ep={cfg.ep} yet (each rank holds other experts under the same "
-                              f"names). Fix: bench.apply(cfg.replace(ep=1)) (a live reshard), {what}, then apply "
-                              f"ep={cfg.ep} again")
-
-
 # -- save options (checked in the notebook, before any rank is asked) -----------------------------------
 def schedule(save_every: int | None, save_to: str | Path | None, keep: int | None = None) -> SaveSchedule | None:
     """The periodic saves `bench.train(steps, save_every=N, save_to="ckpt/")` asks for; None for none."""

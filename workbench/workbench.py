@@ -173,8 +173,6 @@ class Workbench:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
         saves = checkpoints.schedule(save_every, save_to, keep)
-        if saves is not None:
-            checkpoints.refuse_expert_parallel(self.config, "save checkpoints periodically")
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
         run_id = secrets.token_hex(8)
         self._run = Run(self, self.session.train(steps, run_id, saves), run_id, steps)
@@ -198,7 +196,6 @@ class Workbench:
         checkpoints.check_options(keep=keep)
         if self.config is None:
             raise RuntimeError("nothing to save: call bench.apply(wb.Config(...)) first")
-        checkpoints.refuse_expert_parallel(self.config, "save a checkpoint")
         self._require_idle("save")
         directory = checkpoints.writable_directory(path)
         # The nonce names the save's temporary directory, the same on every rank.
@@ -211,7 +208,6 @@ class Workbench:
         the checkpoint is found before the current model is touched.
         """
         self._require_idle("load a checkpoint")
-        checkpoints.refuse_expert_parallel(self.config, "load a checkpoint")
         checkpoint_dir = checkpoints.resolve(path)
         manifest = checkpoints.verify(checkpoint_dir)
         if self.config is None:
@@ -220,7 +216,6 @@ class Workbench:
                 raise checkpoints.CheckpointError(
                     f"{checkpoint_dir} was saved by {manifest['layout']} ({saved.world_size} ranks); this Workbench "
                     f"has {self.pool.world_size}: call bench.apply(cfg) with a layout for these ranks first, then load")
-            saved = saved.replace(ep=1) if saved.ep > 1 else saved  # (saving at ep > 1 is refused, but be safe)
             self.apply(saved)
             # The layout took effect where the checkpoint resumes, not at step 0.
             self.store.clear()

@@ -5,6 +5,8 @@ What a checkpoint holds, as flat DCP keys:
                                      TP, plain tensors under DDP; pipeline ranks hold different layers under
                                      the full model's names, so the union over ranks is the whole model
     optim.state.<fqn>.<key>          AdamW's state, sharded like its parameter
+                                     (expert-parallel slices, parameters and moments alike, are saved as shards
+                                     of the whole (n_experts, ...) tensor: engine/expert_state.py)
     rng.<rank>.<generator>           every rank's random generators, as tensors
 Tensors only: the data position, counters, loss scale and Config go to the
 manifest as JSON (`workbench.checkpoints`, which also says how the directory is
@@ -56,6 +58,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
+from workbench.engine.expert_state import as_global, as_held, expert_names, fqn_of, global_target, is_slice
 from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
 
@@ -110,10 +113,18 @@ def state_dict(trainer: Trainer) -> dict[str, Any]:
     """This rank's share of the trainer's state, under the flat keys in the module docstring."""
     flat: dict[str, Any] = {}
     for module, opt in zip(trainer.modules, trainer.optimizers):
-        flat.update({f"model.{k}": v for k, v in get_model_state_dict(module, options=OPTIONS).items()})
-        flat.update({f"optim.{k}": v for k, v in _optimizer_state(module, opt).items() if k.startswith("state.")})
+        experts, ep_mesh = expert_names(module), _ep_mesh(trainer)
+        model = as_global(get_model_state_dict(module, options=OPTIONS), experts, ep_mesh)
+        optim = as_global(_optimizer_state(module, opt), experts, ep_mesh)
+        flat.update({f"model.{k}": v for k, v in model.items()})
+        flat.update({f"optim.{k}": v for k, v in optim.items() if k.startswith("state.")})
     flat.update({f"rng.{dist.get_rank()}.{k}": v for k, v in rng_state(trainer.device).items()})
     return flat
+
+
+def _ep_mesh(trainer: Trainer) -> Any:
+    """The "ep" axis of the trainer's mesh; None at ep=1 (the mesh has no such axis)."""
+    return trainer.mesh["ep"] if trainer.cfg.ep > 1 else None
 
 
 def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -159,7 +170,10 @@ def load(trainer: Trainer, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(f"{path}: reading the shards failed: {_causes(e)}") from None
 
     for module, opt, model_sd, optim_sd in zip(trainer.modules, trainer.optimizers, models, optims):
-        set_model_state_dict(module, {k: request[f"model.{k}"] for k in model_sd}, options=OPTIONS)
+        experts = expert_names(module)
+        held = get_model_state_dict(module, options=OPTIONS) if experts else {}
+        set_model_state_dict(module, {k: as_held(request[f"model.{k}"], held[k]) if k in experts else
+                                      request[f"model.{k}"] for k in model_sd}, options=OPTIONS)
         _set_optimizer(module, opt, optim_sd)  # its state tensors were filled in place
     if saved["scaler"] and trainer.precision.scaler.is_enabled():
         trainer.precision.scaler.load_state_dict(saved["scaler"])
@@ -201,7 +215,10 @@ def _targets(trainer: Trainer, entries: dict[str, Any]) -> tuple[list[dict], lis
     has_optim = any(k.startswith("optim.state.") for k in entries)
     for module, opt in zip(trainer.modules, trainer.optimizers):
         model: dict[str, torch.Tensor] = {}
-        for fqn, tensor in get_model_state_dict(module, options=OPTIONS).items():
+        experts, ep_mesh = expert_names(module), _ep_mesh(trainer)
+        for fqn, held in get_model_state_dict(module, options=OPTIONS).items():
+            # An expert slice reads its chunk of the whole (n_experts, ...) tensor, whatever ep saved it.
+            tensor = global_target(held, ep_mesh) if fqn in experts else torch.empty_like(held)
             md = entries.get(f"model.{fqn}")
             if not isinstance(md, TensorStorageMetadata):
                 problems.append(f"parameter {fqn} {tuple(tensor.shape)}: not in the checkpoint")
@@ -209,16 +226,16 @@ def _targets(trainer: Trainer, entries: dict[str, Any]) -> tuple[list[dict], lis
                 problems.append(f"parameter {fqn}: shape {tuple(md.size)} in the checkpoint, "
                                 f"{tuple(tensor.shape)} in this model")
             else:
-                model[fqn] = torch.empty_like(tensor)
+                model[fqn] = tensor
         models.append(model)
-        optim, missing = _optimizer_targets(module, opt, entries) if has_optim else ({}, [])
+        optim, missing = _optimizer_targets(module, opt, entries, experts, ep_mesh) if has_optim else ({}, [])
         problems += [f"optimizer state for {fqn}: not in the checkpoint" for fqn in missing[:5]]
         optims.append(optim)
     return models, optims, problems
 
 
-def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer,
-                       entries: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer, entries: dict[str, Any],
+                       experts: set[str], ep_mesh: Any) -> tuple[dict[str, Any], list[str]]:
     """Flat targets for the state of the parameters this rank's optimizer updates, with its current hyperparameters
     (torch's flat format wants them beside the state)."""
     inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
@@ -234,6 +251,9 @@ def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer,
                 missing.append(fqn)
             for key in keys:
                 md = entries[key]
+                if fqn in experts and len(md.size) > 0:  # an expert slice's moment: its chunk of the whole
+                    flat[key[6:]] = global_target(param, ep_mesh, md.properties.dtype)
+                    continue
                 # AdamW's moments are shaped (and sharded) like the parameter; its step counter is a scalar.
                 same = tuple(md.size) == tuple(param.shape)
                 flat[key[6:]] = torch.empty_like(param, dtype=md.properties.dtype) if same else _empty(md)
@@ -246,6 +266,10 @@ def _set_optimizer(module: nn.Module, opt: torch.optim.Optimizer, flat: dict[str
     if not flat:  # saved before the first step: start the optimizer afresh, as the saved run would have
         inner.state.clear()
         return
+    if experts := expert_names(module):  # expert moments back to the slice (or edp shard) this rank holds
+        params = {name: param for param, name in param_names(module).items()}
+        flat = {k: as_held(v, params[fqn_of(k)]) if is_slice(k, v, experts) else v
+                for k, v in flat.items()}
     if inner is opt:
         set_optimizer_state_dict(module, opt, flat, options=OPTIONS)
         return
