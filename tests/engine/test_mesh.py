@@ -65,8 +65,10 @@ def test_zero1_with_tensor_parallel_is_refused_naming_field_and_fix():
 
 @pytest.mark.parametrize("zero", [0, 2, 3])
 def test_other_zero_stages_compose_with_tensor_parallel(zero):
-    Config(dp=2, tp=2, zero=zero)
-    Config(tp=2, dp=1)
+    # The refusal above is narrow: every other stage is accepted with tp, and laid out on a (dp, tp) mesh.
+    cfg = Config(dp=2, tp=2, zero=zero)
+    assert (cfg.zero, cfg.world_size, mesh_layout(cfg).shape) == (zero, 4, (1, 2, 2))
+    assert mesh_layout(Config(tp=2, dp=1)).shape == (1, 1, 2)
 
 
 def _flatten(group):
