@@ -157,13 +157,14 @@ def test_offload_takes_the_optimizer_state_off_the_gpu(tmp_path):
     """One rank on a GPU: with offload no optimizer state tensor is on the device, and the device holds about
     AdamW's two moments (8 B per parameter) less after a step.
 
-    Note: the probe's "optimizer" memory category (telemetry/probes.py optimizer_bytes) counts state tensors
-    wherever they are; on a GPU it must count only the device's for that category to drop to ~0 (see report).
+    The dashboard's "optimizer" memory category (telemetry/memory.py optimizer_bytes, what the probe reports)
+    counts the state on the rank's device only: 0 with offload, AdamW's two moments without.
     """
     import torch.distributed as dist
 
     from workbench.engine.mesh import build_mesh
     from workbench.engine.trainer import Trainer
+    from workbench.telemetry.memory import optimizer_bytes
 
     dist.init_process_group("nccl", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -178,6 +179,7 @@ def test_offload_takes_the_optimizer_state_off_the_gpu(tmp_path):
             devices = {v.device.type for s in trainer.optimizers[0].state.values() for v in s.values()
                        if isinstance(v, torch.Tensor) and v.dim() > 0}
             assert devices == ({"cpu"} if offload else {"cuda"})
+            assert optimizer_bytes(trainer.optimizers, trainer.device) == (0 if offload else 8 * c.model.num_params)
             del trainer
             torch.cuda.empty_cache()
         moments = 8 * cfg.model.num_params
