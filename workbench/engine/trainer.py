@@ -27,7 +27,6 @@ from workbench.engine.parallel.data_parallel import build_optimizer, gradient_sy
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.grad_sync import grad_sync_bytes
 from workbench.telemetry.probes import NullProbe, StepProbe
 
 
@@ -147,7 +146,7 @@ class Trainer:
                 loss, flags = None, dataclasses.replace(flags, oom=True)
         if flags.oom:
             self._drop_gradients()  # half made, and freed before the vote; the activations went with the exception
-        self._vote_ns = time.monotonic_ns()  # the native recorder's clock: what came before is the gradient sync
+        self.probe.before_vote()  # what the dp group sent before the vote is the gradient sync
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
         self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skipped and not agreed.overflow)
         self._drop_gradients()
@@ -159,23 +158,12 @@ class Trainer:
         skipped = agreed.skipped
         self.skipped_steps += skipped
         elapsed = time.perf_counter() - start
-        metrics = self.probe.finish(StepMetrics(
+        return self.probe.finish(StepMetrics(
             step=step_index, loss=agreed.loss, tokens=self.cfg.tokens_per_step, step_time_s=elapsed,
             tokens_per_s=self.cfg.tokens_per_step / elapsed, rank=dist.get_rank(), layout=self.cfg.layout,
             skipped=skipped, skip_reason=agreed.skip_reason, loss_scale=self.precision.loss_scale,
             aux_loss=agreed.aux_loss, expert_load=agreed.expert_load, tokens_dropped=agreed.tokens_dropped,
         ))
-        return self._with_grad_sync_bytes(metrics)
-
-    def _with_grad_sync_bytes(self, metrics: StepMetrics) -> StepMetrics:
-        """Add the bytes the dp gradient sync sent (from the recorded collectives; none without telemetry)."""
-        if self.dp_size == 1 or not metrics.intervals:
-            return metrics
-        group = self.mesh["dp"].get_group()
-        desc = getattr(group, "group_desc", "")
-        label = group.group_name if desc in ("", "undefined") else desc  # as the recording backend names it
-        sent = grad_sync_bytes(metrics.intervals, label, self.cfg.zero, before_ns=self._vote_ns)
-        return dataclasses.replace(metrics, grad_sync_bytes=sent)
 
     def _drop_gradients(self) -> None:
         for opt in self.optimizers:

@@ -8,7 +8,7 @@ sync issues. DDP (zero 0/1), with or without a compression hook: every collectiv
 "broadcast" (ZeRO-1's parameter broadcast after its sharded step). FSDP2 (zero 2/3): "reduce_scatter"
 only (its "all_gather"s gather parameters). The step's closing vote (a world all-reduce)
 may share the dp group (a 1-D mesh reuses the world group), so only collectives that started before
-`before_ns` (the trainer passes the vote's start) count; ZeRO-1's broadcasts come after it too.
+`before_ns` (the step probe passes the vote's start) count; ZeRO-1's broadcasts come after it too.
 """
 
 from __future__ import annotations

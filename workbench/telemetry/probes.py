@@ -20,6 +20,7 @@ import torch
 from workbench.estimate import flops_per_token
 from workbench.telemetry.activations import ActivationMeter
 from workbench.telemetry.events import Interval, StepMetrics
+from workbench.telemetry.grad_sync import grad_sync_bytes
 from workbench.telemetry.memory import gradient_bytes, optimizer_bytes, parameter_bytes, process_bytes
 
 
@@ -41,6 +42,9 @@ class NullProbe:
         pass
 
     def after_backward(self) -> None:
+        pass
+
+    def before_vote(self) -> None:
         pass
 
     def finish(self, metrics: StepMetrics) -> StepMetrics:
@@ -97,6 +101,7 @@ class StepProbe(NullProbe):
 
             self.gpu = CudaStepClock(self.device)
         self._optimizer_token = 0
+        self._vote_ns = 0
         native.recorder().set_enabled(True)
 
     # -- hooks --------------------------------------------------------------------------------------
@@ -165,6 +170,21 @@ class StepProbe(NullProbe):
         self._after_backward = {"parameters": parameter_bytes(modules), "gradients": gradient_bytes(modules),
                                 "process": process_bytes(self.device)}
 
+    def before_vote(self) -> None:
+        # On the native recorder's clock: the dp group's collectives before this moment are the gradient sync,
+        # the step's vote (on the world group, which is the dp group on a 1-D mesh) and what follows are not.
+        self._vote_ns = self.native.now_ns()
+
+    def _grad_sync_bytes(self, intervals: tuple[Interval, ...]) -> int:
+        """Bytes the dp gradient sync sent in the step, from the recorded collectives (0 without dp)."""
+        trainer = self.trainer
+        if trainer.dp_size == 1:
+            return 0
+        group = trainer.mesh["dp"].get_group()
+        desc = getattr(group, "group_desc", "")
+        label = group.group_name if desc in ("", "undefined") else desc  # as the recording backend names it
+        return grad_sync_bytes(intervals, label, trainer.cfg.zero, before_ns=self._vote_ns)
+
     def finish(self, metrics: StepMetrics) -> StepMetrics:
         gpu_spans = self.gpu.finish() if self.gpu is not None else []
         intervals = tuple(sorted([*self.native.drain(), *self.spans, *gpu_spans], key=lambda iv: iv.start_ns))
@@ -190,7 +210,8 @@ class StepProbe(NullProbe):
         return dataclasses.replace(metrics, memory=current, peak_memory=peak, comm_time_s=comm_s,
                                    exposed_comm_s=exposed_s, overlap=overlap, flops=self.flops, mfu=mfu,
                                    mfu_basis=self.peak_source, intervals=intervals,
-                                   pipeline_actions=tuple(self.actions), device_memory=self._device_memory())
+                                   pipeline_actions=tuple(self.actions), device_memory=self._device_memory(),
+                                   grad_sync_bytes=self._grad_sync_bytes(intervals))
 
     def _device_memory(self) -> dict[str, int]:
         if self.device.type != "cuda":
