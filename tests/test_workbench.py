@@ -121,8 +121,6 @@ def test_a_trained_mixture_of_experts_reshards_into_expert_parallel_live(bench):
 
 
 def reference_moe_losses(cfg: wb.Config, steps: int) -> list[float]:
-    from workbench.engine.model import moe_aux_loss
-
     model = build_model(cfg.model, cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = TokenData.for_config(cfg)
@@ -130,7 +128,7 @@ def reference_moe_losses(cfg: wb.Config, steps: int) -> list[float]:
     for step in range(steps):
         tokens = data.global_batch(step)
         loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-        (loss + moe_aux_loss(model)).backward()
+        loss.backward()  # the MoE layers add their balancing loss's gradient in backward
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())

@@ -363,10 +363,6 @@ class Config:
         if m.n_experts and self.tp > 1:
             raise _refuse("tp", f"tensor parallel is not implemented for mixture-of-experts FFNs (tp={self.tp}, "
                           f"model.n_experts={m.n_experts})", "set tp=1 and split the experts with ep instead")
-        if m.n_experts and self.pp > 1:
-            raise _refuse("pp", f"the load-balancing loss of a mixture-of-experts model is not carried across "
-                          f"pipeline stages (pp={self.pp}, model.n_experts={m.n_experts})",
-                          "set pp=1 (use dp and ep), or a dense model")
 
         self._check_compression_and_offload()
 
