@@ -33,7 +33,6 @@ def test_model_refusals_name_the_field(changes, field):
     (dict(model=MOE, dp=4, ep=3, batch_size=12), "ep"),           # n_experts % ep
     (dict(model=dataclasses.replace(MOE, n_experts=6), dp=3, ep=2, batch_size=12), "ep"),  # dp % ep
     (dict(model=MOE, dp=2, ep=2, zero=1), "zero"),
-    (dict(model=MOE, tp=2), "tp"),
 ])
 def test_config_refusals_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=f"^{field}:.*Fix:"):

@@ -111,7 +111,10 @@ def train(cfg: Config, steps: int) -> dict[str, Any]:
             "tokens_dropped": [list(m.tokens_dropped) for m in metrics],
             "scale": trainer.precision.loss_scale, "skipped_steps": trainer.skipped_steps,
             "mesh": mesh_coordinates(trainer.mesh),
-            "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
+            "params_local": sum(p.numel() for p in _local_params(trainer)),  # this rank's shards (DTensors' local)
+            # Parameters that are no DTensor (e.g. a MoE FFN's under tp): their values, to compare across ranks.
+            "plain_params": [float(p.detach().double().sum()) for m in trainer.modules for p in m.parameters()
+                             if not hasattr(p, "to_local")]}
 
 
 @unchecked

@@ -88,6 +88,33 @@ def test_pipelined_moe_matches_one_process(pool, reference, name):
                       cfg.model)
 
 
+TENSOR_PARALLEL = {
+    # Attention split over tp (sequence parallel between the blocks); the MoE FFN replicated over tp.
+    "tp2": dict(tp=2),
+    "tp2 ac full, 2 micro-batches": dict(tp=2, activation_checkpointing="full", micro_batches=2),
+}
+
+
+@pytest.mark.parametrize("name", TENSOR_PARALLEL)
+def test_tensor_parallel_moe_matches_one_process(pool, reference, name):
+    results = pool.run(fns.train, BASE.replace(**TENSOR_PARALLEL[name]), STEPS)
+    assert_moe_parity(results, reference)
+    # The attention's matrices, the embedding and the head are halved; the routers and experts are whole on both
+    # tp ranks, and stay identical there with no gradient sync: the same computation on the same tokens.
+    attention = 2 * MOE.dim * (MOE.n_heads + MOE.kv_heads) * MOE.head_dim
+    split = MOE.n_layers * attention + 2 * MOE.vocab_size * MOE.dim
+    assert all(r["params_local"] == MOE.num_params - split // 2 for r in results)
+    moe_params = MOE.n_moe_layers * (3 + 1)  # w1, w2, w3, router per MoE layer
+    assert len(results[0]["plain_params"]) == moe_params
+    assert results[0]["plain_params"] == results[1]["plain_params"]
+
+
+def test_tensor_and_expert_parallel_moe_matches_one_process(pool4, reference):
+    # dp2·ep2 × tp2 on 4 ranks, ZeRO-3: FSDP2 shards the tp-split attention (2-D) and the experts over edp.
+    results = pool4.run(fns.train, BASE.replace(dp=2, ep=2, tp=2, zero=3), STEPS)
+    assert_moe_parity(results, reference)
+
+
 def test_pipelined_expert_parallel_matches_one_process(pool4, reference):
     # pp2 × dp2·ep2 on 4 ranks: the stages' all-to-alls run inside the pipeline schedule, experts synced over edp.
     results = pool4.run(fns.train, BASE.replace(pp=2, dp=2, ep=2, zero=2, micro_batches=2), STEPS)
@@ -97,6 +124,13 @@ def test_pipelined_expert_parallel_matches_one_process(pool4, reference):
 def test_resharding_into_and_out_of_expert_parallel(pool):
     chain = [(BASE.replace(dp=2, zero=1), 2), (BASE.replace(dp=2, ep=2), 2), (BASE.replace(dp=2, ep=2, zero=3), 2),
              (BASE.replace(dp=2, zero=2), 2)]
+    check_chain(pool.run(fns.train_through_layouts, chain), chain)
+
+
+def test_resharding_a_moe_model_through_pipeline_and_tensor_parallel(pool):
+    # The stages' experts gathered and split again; under tp the experts are plain tensors beside DTensors.
+    chain = [(BASE.replace(dp=2, ep=2), 2), (BASE.replace(pp=2, micro_batches=2), 2), (BASE.replace(tp=2), 2),
+             (BASE.replace(dp=2, ep=2, zero=3), 1)]
     check_chain(pool.run(fns.train_through_layouts, chain), chain)
 
 

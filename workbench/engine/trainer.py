@@ -249,8 +249,10 @@ class Trainer:
         if self._routing is not None:  # same payload shape on every rank, whatever happened on this one
             # Mixture of experts rides the same all-reduce: balancing loss (summed over the pipeline stages, then
             # averaged over dp below), router counts and drops (summed: each dp rank routed its own tokens, each
-            # stage its own layers). A rank that ran out of memory sends zeros: its counts are partial.
-            moe = self._routing.payload() if not flags.oom else torch.zeros_like(self._routing.payload())
+            # stage its own layers). The tp ranks of a dp replica route the same tokens (the MoE FFN is replicated
+            # over tp): only the first sends. A rank that ran out of memory sends zeros: its counts are partial.
+            counted = not flags.oom and self.mesh.get_local_rank("tp") == 0
+            moe = self._routing.payload() if counted else torch.zeros_like(self._routing.payload())
             payload = torch.cat([payload, moe.to(self.device)])
         dist.all_reduce(payload)
         values = payload.tolist()  # the step's one host sync
