@@ -116,20 +116,5 @@ def test_a_trained_mixture_of_experts_reshards_into_expert_parallel_live(bench):
         # Every token's top_k choices are counted, dropped or not: the global batch's tokens times top_k per layer.
         assert all(sum(layer) == moe.tokens_per_step * moe.model.top_k for layer in m.expert_load)
         assert m.aux_loss is not None and m.aux_loss > 0
-    reference = reference_moe_losses(moe, 10)
+    reference = reference_losses(moe, 10)  # one process; its MoE layers backpropagate their balancing loss
     assert [m.loss for m in metrics] == pytest.approx(reference, rel=5e-5)
-
-
-def reference_moe_losses(cfg: wb.Config, steps: int) -> list[float]:
-    model = build_model(cfg.model, cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    data = TokenData.for_config(cfg)
-    losses = []
-    for step in range(steps):
-        tokens = data.global_batch(step)
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-        loss.backward()  # the MoE layers add their balancing loss's gradient in backward
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
