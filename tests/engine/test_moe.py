@@ -115,9 +115,17 @@ def test_tensor_and_expert_parallel_moe_matches_one_process(pool4, reference):
     assert_moe_parity(results, reference)
 
 
-def test_pipelined_expert_parallel_matches_one_process(pool4, reference):
-    # pp2 × dp2·ep2 on 4 ranks: the stages' all-to-alls run inside the pipeline schedule, experts synced over edp.
-    results = pool4.run(fns.train, BASE.replace(pp=2, dp=2, ep=2, zero=2, micro_batches=2), STEPS)
+PIPELINED_FOUR_RANKS = {
+    # The stages' all-to-alls run inside the pipeline schedule, experts synced over edp.
+    "pp2 x dp2 ep2 zero2": dict(pp=2, dp=2, ep=2, zero=2, micro_batches=2),
+    # Each stage tensor-parallel, its MoE FFNs replicated over tp; only tp rank 0 of each stage sends its counts.
+    "pp2 x tp2": dict(pp=2, tp=2, micro_batches=2),
+}
+
+
+@pytest.mark.parametrize("name", PIPELINED_FOUR_RANKS)
+def test_pipelined_moe_on_four_ranks_matches_one_process(pool4, reference, name):
+    results = pool4.run(fns.train, BASE.replace(**PIPELINED_FOUR_RANKS[name]), STEPS)
     assert_moe_parity(results, reference)
 
 
