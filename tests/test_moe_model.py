@@ -33,8 +33,6 @@ def test_model_refusals_name_the_field(changes, field):
     (dict(model=MOE, dp=4, ep=3, batch_size=12), "ep"),           # n_experts % ep
     (dict(model=dataclasses.replace(MOE, n_experts=6), dp=3, ep=2, batch_size=12), "ep"),  # dp % ep
     (dict(model=MOE, dp=2, ep=2, zero=1), "zero"),
-    (dict(model=MOE, tp=2), "tp"),
-    (dict(model=MOE, pp=2, micro_batches=2), "pp"),
 ])
 def test_config_refusals_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=f"^{field}:.*Fix:"):
@@ -148,3 +146,32 @@ def test_moe_flops_per_token_agree_with_the_flop_counter():
     with sdpa_kernel(SDPBackend.MATH), counter:
         loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
     assert counter.get_total_flops() / (2 * 64) == flops_per_token(cfg, 64)
+
+
+def test_the_balancing_loss_trains_through_the_layers_output_weighted_as_the_loss():
+    # Megatron's MoEAuxLossAutoScaler: loss.backward() alone gives the gradient of loss + aux (the router's balancing
+    # term included), and with the aux gradient scaled by s that of s·(loss + aux), as a scaled loss's backward gives.
+    from workbench.engine.model import loss_fn, set_moe_aux_grad_scale
+
+    m = dataclasses.replace(MOE, moe_every=2)
+    tokens = torch.randint(0, m.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
+
+    def grads(scale: float, add_aux: bool) -> dict[str, torch.Tensor]:
+        model = build_model(m, 0)
+        set_moe_aux_grad_scale(model, scale if not add_aux else 0.0)
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        (scale * (loss + moe_aux_loss(model)) if add_aux else scale * loss).backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    expected = grads(1.0, add_aux=True)
+    routers = [n for n in expected if n.endswith("router.weight")]
+    assert routers and all(expected[n].abs().sum() > 0 for n in routers)
+    for scale in (1.0, 256.0):
+        got = grads(scale, add_aux=False)
+        for name, grad in expected.items():
+            torch.testing.assert_close(got[name], grad * scale, rtol=1e-5, atol=1e-9)
+    # Without the balancing loss's gradient, the routers' gradients differ: the test can fail.
+    model = build_model(m, 0)
+    set_moe_aux_grad_scale(model, 0.0)
+    loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    assert not torch.allclose(model.get_parameter(routers[0]).grad, expected[routers[0]])

@@ -116,5 +116,5 @@ def test_a_trained_mixture_of_experts_reshards_into_expert_parallel_live(bench):
         # Every token's top_k choices are counted, dropped or not: the global batch's tokens times top_k per layer.
         assert all(sum(layer) == moe.tokens_per_step * moe.model.top_k for layer in m.expert_load)
         assert m.aux_loss is not None and m.aux_loss > 0
-    reference = reference_losses(moe, 10)
+    reference = reference_losses(moe, 10)  # one process; its MoE layers backpropagate their balancing loss
     assert [m.loss for m in metrics] == pytest.approx(reference, rel=5e-5)

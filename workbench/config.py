@@ -360,13 +360,6 @@ class Config:
             # its owner: expert slices differ across the ep ranks, so a broadcast would overwrite them.
             raise _refuse("zero", f"zero=1 (ZeroRedundancyOptimizer over dp) cannot hold expert slices that "
                           f"differ across ep={self.ep} ranks", "use zero=0, 2 or 3 with ep > 1, or ep=1")
-        if m.n_experts and self.tp > 1:
-            raise _refuse("tp", f"tensor parallel is not implemented for mixture-of-experts FFNs (tp={self.tp}, "
-                          f"model.n_experts={m.n_experts})", "set tp=1 and split the experts with ep instead")
-        if m.n_experts and self.pp > 1:
-            raise _refuse("pp", f"the load-balancing loss of a mixture-of-experts model is not carried across "
-                          f"pipeline stages (pp={self.pp}, model.n_experts={m.n_experts})",
-                          "set pp=1 (use dp and ep), or a dense model")
 
         self._check_compression_and_offload()
 

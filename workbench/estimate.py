@@ -60,7 +60,8 @@ ASSUMPTIONS = (
     "assignments, capped by capacity), so every figure that depends on routing is its mean over ranks; "
     "activations exact in fp32, the autocast copies of routed tokens and expert weights approximate; the "
     "expert-parallel all-to-alls block (exposed), expert gradients are all-reduced over edp per micro-batch "
-    "under ZeRO-0 and sharded over edp by FSDP2 under ZeRO-2/3",
+    "under ZeRO-0 and sharded over edp by FSDP2 under ZeRO-2/3; with tp > 1 a MoE FFN is whole on every tp rank "
+    "and computes the gathered sequence there (replicated), its output sliced back to the rank's shard",
 )
 
 
@@ -357,12 +358,14 @@ class _StagePlan:
         self.params = len(layers) * self.block_params + self.root
         # Parameter tensors: 7 matrices and 2 norm weights per block; embedding; final norm and head.
         self.tensors = 9 * len(layers) + self.first + 2 * self.last
-        # Mixture of experts (tp = 1): router, this rank's 1/ep of the stacked experts, the shared expert.
+        # Mixture of experts: router, this rank's 1/ep of the stacked experts, the shared expert, all whole on
+        # every tp rank, in place of the dense SwiGLU's 1/tp.
         self.moe_layers = tuple(i for i in layers if m.is_moe_layer(i))
         mlp = 3 * m.dim * m.hidden_dim
         self.expert_params = len(self.moe_layers) * m.n_experts // cfg.ep * mlp
         """Expert elements on this rank: synchronised (and under ZeRO sharded) over edp = dp/ep, not dp."""
-        self.params += len(self.moe_layers) * (m.dim * m.n_experts + m.shared_expert * mlp - mlp) + self.expert_params
+        self.params += len(self.moe_layers) * (m.dim * m.n_experts + m.shared_expert * mlp - mlp // tp) \
+            + self.expert_params
         self.tensors += len(self.moe_layers) * (1 + 3 * m.shared_expert)
         self.tokens = cfg.micro_batch_size * cfg.seq_len
         self.checkpointed = self._checkpointed(layers)
@@ -370,10 +373,14 @@ class _StagePlan:
         block_train = 3 * (2 * block_full + attn_fwd)
         recompute = 2 * block_full + attn_fwd
         per_token = len(layers) * block_train + self.checkpointed * recompute + self.last * 3 * 2 * head_full
+        replicated = 0  # per token, computed whole on every tp rank
         if m.n_experts:
-            moe = 2 * _moe_matmul_delta(m)
-            per_token += len(self.moe_layers) * 3 * moe + sum(self._is_checkpointed(i) for i in self.moe_layers) * moe
-        self.flops = per_token * self.tokens * cfg.micro_batches / tp
+            # A MoE FFN runs the router, top_k experts and the shared expert, replicated over tp, instead of
+            # the dense SwiGLU's 1/tp; its forward runs again where the block is checkpointed.
+            runs = 3 * len(self.moe_layers) + sum(self._is_checkpointed(i) for i in self.moe_layers)
+            per_token -= runs * 2 * mlp
+            replicated = runs * 2 * (_moe_matmul_delta(m) + mlp)
+        self.flops = (per_token / tp + replicated) * self.tokens * cfg.micro_batches
 
     # --- memory -----------------------------------------------------------------------------------------------
 
@@ -420,7 +427,7 @@ class _StagePlan:
             saved += 4 * a * t * h
         if self.autocast:
             saved += 2 * 2 * arrived * d + 2 * 3 * d * h * n_e // cfg.ep
-        return saved - 4 * a * t * h  # the dense SwiGLU term, already in block_activations
+        return saved - round(4 * a * t * h / cfg.tp)  # the dense SwiGLU term, already in block_activations
 
     def layer_activations(self, layer: int) -> int:
         """Bytes block `layer` saves for one micro-batch (a MoE block differs from a dense one in its FFN)."""
@@ -628,17 +635,22 @@ class _StagePlan:
         forwards = len(self.layers) + self.checkpointed
         gather_bytes = mb * 2 * (forwards * 4 + len(self.layers) * a) * act
         scatter_bytes = mb * 2 * (forwards * a + len(self.layers) * 4) * act
-        calls = mb * 2 * (forwards + len(self.layers))
+        gather_calls = scatter_calls = mb * 2 * (forwards + len(self.layers))
+        # A MoE FFN, replicated over tp, slices its output back to the rank's shard (no reduce-scatter) and hands
+        # back its input's gradient whole on every rank (a slice too): its gathers stay, its scatters go.
+        moe_forwards = len(self.moe_layers) + sum(self._is_checkpointed(i) for i in self.moe_layers)
+        scatter_bytes -= mb * (moe_forwards * a + len(self.moe_layers) * 4) * act
+        scatter_calls -= mb * (moe_forwards + len(self.moe_layers))
         # The vocab-parallel embedding reduce-scatters its output; the head gathers its input (and backward
         # mirrors both).
         edges = self.first + self.last
         gather_bytes += mb * edges * 4 * act
         scatter_bytes += mb * edges * 4 * act
         out = [
-            self._collective(hw, "tp", "all_gather", "sequence-parallel activations", calls + mb * edges,
-                             gather_bytes / (calls + mb * edges), tp),
-            self._collective(hw, "tp", "reduce_scatter", "sequence-parallel activations", calls + mb * edges,
-                             scatter_bytes / (calls + mb * edges), tp),
+            self._collective(hw, "tp", "all_gather", "sequence-parallel activations", gather_calls + mb * edges,
+                             gather_bytes / (gather_calls + mb * edges), tp),
+            self._collective(hw, "tp", "reduce_scatter", "sequence-parallel activations", scatter_calls + mb * edges,
+                             scatter_bytes / (scatter_calls + mb * edges), tp),
             self._collective(hw, "tp", "all_reduce", "norm weight gradients", mb,
                              4 * m.dim * (2 * len(self.layers) + self.last), tp),
         ]

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.mesh import build_mesh
-from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing
+from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing, set_moe_aux_grad_scale
 from workbench.engine.precision import DTYPES
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
@@ -78,13 +78,15 @@ def reference_run(cfg: Config, steps: int, data: Any = None) -> dict[str, Any]:
         tokens = data.global_batch(step)
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-            aux = moe_aux_loss(model)  # a mixture of experts trains its balancing loss too; None when dense
+            aux = moe_aux_loss(model)  # a mixture of experts' balancing loss, reported; None when dense
         if aux is not None:
             aux_losses.append(aux.item())
             loads.append(moe_routing(model)[0].tolist())
             dropped.append(moe_routing(model)[1].tolist())
         scale_before = scaler.get_scale()
-        scaler.scale(loss if aux is None else loss + aux).backward()
+        # The MoE layers backpropagate their balancing loss themselves, weighted as the loss: by the loss scale.
+        set_moe_aux_grad_scale(model, scale_before)
+        scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
@@ -109,7 +111,10 @@ def train(cfg: Config, steps: int) -> dict[str, Any]:
             "tokens_dropped": [list(m.tokens_dropped) for m in metrics],
             "scale": trainer.precision.loss_scale, "skipped_steps": trainer.skipped_steps,
             "mesh": mesh_coordinates(trainer.mesh),
-            "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
+            "params_local": sum(p.numel() for p in _local_params(trainer)),  # this rank's shards (DTensors' local)
+            # Parameters that are no DTensor (e.g. a MoE FFN's under tp): their values, to compare across ranks.
+            "plain_params": [float(p.detach().double().sum()) for m in trainer.modules for p in m.parameters()
+                             if not hasattr(p, "to_local")]}
 
 
 @unchecked

@@ -38,13 +38,14 @@ def reference() -> dict:
     return fns.reference_run(BASE, STEPS)
 
 
-def assert_moe_parity(results: list[dict], reference: dict) -> None:
+def assert_moe_parity(results: list[dict], reference: dict, model: ModelConfig = MOE) -> None:
     first = results[0]
     assert all(r["losses"] == first["losses"] and r["aux_losses"] == first["aux_losses"] for r in results)
+    assert all(r["expert_load"] == first["expert_load"] for r in results)
     assert first["losses"] == pytest.approx(reference["losses"], rel=REL)
     assert first["aux_losses"] == pytest.approx(reference["aux_losses"], rel=REL)
     assert first["expert_load"] == reference["expert_load"]
-    assert first["tokens_dropped"] == reference["tokens_dropped"] == [[0] * MOE.n_moe_layers] * STEPS
+    assert first["tokens_dropped"] == reference["tokens_dropped"] == [[0] * model.n_moe_layers] * STEPS
 
 
 @pytest.mark.parametrize("name", TWO_RANKS)
@@ -68,9 +69,76 @@ def test_expert_replicas_sync_over_edp(pool4, reference, zero):
     assert [(r["mesh"]["edp"][0], r["mesh"]["ep"][0]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+PIPELINED = {
+    # Every block a MoE (no dense FFN on either stage); each stage's routers train on their balancing loss through
+    # the stage's own backward, and each stage's counts reach the step's metrics.
+    "pp2 1f1b, 4 micro-batches": dict(pp=2, micro_batches=4),
+    # moe_every=2: the first stage has no MoE layer and sends zeros for the rows of the second's.
+    "pp2 gpipe, MoE on the last stage only, ac full": dict(
+        pp=2, micro_batches=2, schedule="gpipe", activation_checkpointing="full",
+        model=dataclasses.replace(MOE, moe_every=2)),
+}
+
+
+@pytest.mark.parametrize("name", PIPELINED)
+def test_pipelined_moe_matches_one_process(pool, reference, name):
+    cfg = BASE.replace(**PIPELINED[name])
+    results = pool.run(fns.train, cfg, STEPS)
+    assert_moe_parity(results, reference if cfg.model == MOE else fns.reference_run(cfg.replace(pp=1), STEPS),
+                      cfg.model)
+
+
+TENSOR_PARALLEL = {
+    # Attention split over tp (sequence parallel between the blocks); the MoE FFN replicated over tp.
+    "tp2": dict(tp=2),
+    "tp2 ac full, 2 micro-batches": dict(tp=2, activation_checkpointing="full", micro_batches=2),
+}
+
+
+@pytest.mark.parametrize("name", TENSOR_PARALLEL)
+def test_tensor_parallel_moe_matches_one_process(pool, reference, name):
+    results = pool.run(fns.train, BASE.replace(**TENSOR_PARALLEL[name]), STEPS)
+    assert_moe_parity(results, reference)
+    # The attention's matrices, the embedding and the head are halved; the routers and experts are whole on both
+    # tp ranks, and stay identical there with no gradient sync: the same computation on the same tokens.
+    attention = 2 * MOE.dim * (MOE.n_heads + MOE.kv_heads) * MOE.head_dim
+    split = MOE.n_layers * attention + 2 * MOE.vocab_size * MOE.dim
+    assert all(r["params_local"] == MOE.num_params - split // 2 for r in results)
+    moe_params = MOE.n_moe_layers * (3 + 1)  # w1, w2, w3, router per MoE layer
+    assert len(results[0]["plain_params"]) == moe_params
+    assert results[0]["plain_params"] == results[1]["plain_params"]
+
+
+def test_tensor_and_expert_parallel_moe_matches_one_process(pool4, reference):
+    # dp2·ep2 × tp2 on 4 ranks, ZeRO-3: FSDP2 shards the tp-split attention (2-D) and the experts over edp.
+    results = pool4.run(fns.train, BASE.replace(dp=2, ep=2, tp=2, zero=3), STEPS)
+    assert_moe_parity(results, reference)
+
+
+PIPELINED_FOUR_RANKS = {
+    # The stages' all-to-alls run inside the pipeline schedule, experts synced over edp.
+    "pp2 x dp2 ep2 zero2": dict(pp=2, dp=2, ep=2, zero=2, micro_batches=2),
+    # Each stage tensor-parallel, its MoE FFNs replicated over tp; only tp rank 0 of each stage sends its counts.
+    "pp2 x tp2": dict(pp=2, tp=2, micro_batches=2),
+}
+
+
+@pytest.mark.parametrize("name", PIPELINED_FOUR_RANKS)
+def test_pipelined_moe_on_four_ranks_matches_one_process(pool4, reference, name):
+    results = pool4.run(fns.train, BASE.replace(**PIPELINED_FOUR_RANKS[name]), STEPS)
+    assert_moe_parity(results, reference)
+
+
 def test_resharding_into_and_out_of_expert_parallel(pool):
     chain = [(BASE.replace(dp=2, zero=1), 2), (BASE.replace(dp=2, ep=2), 2), (BASE.replace(dp=2, ep=2, zero=3), 2),
              (BASE.replace(dp=2, zero=2), 2)]
+    check_chain(pool.run(fns.train_through_layouts, chain), chain)
+
+
+def test_resharding_a_moe_model_through_pipeline_and_tensor_parallel(pool):
+    # The stages' experts gathered and split again; under tp the experts are plain tensors beside DTensors.
+    chain = [(BASE.replace(dp=2, ep=2), 2), (BASE.replace(pp=2, micro_batches=2), 2), (BASE.replace(tp=2), 2),
+             (BASE.replace(dp=2, ep=2, zero=3), 1)]
     check_chain(pool.run(fns.train_through_layouts, chain), chain)
 
 

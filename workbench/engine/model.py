@@ -14,6 +14,9 @@ possible without touching this file:
   sends the tokens to the ranks holding their experts (engine/parallel/expert.py).
   Each MoE FFN keeps what its last forward measured (balancing loss, tokens
   routed per expert, tokens dropped); `moe_aux_loss` and `moe_routing` collect it.
+  The balancing loss trains itself: each MoE FFN attaches it to its output
+  (`AttachAuxLoss`), so a plain `loss.backward()` also backpropagates it, on
+  whichever pipeline stage the layer sits. Nothing adds it to the loss.
 """
 
 from __future__ import annotations
@@ -98,6 +101,29 @@ class GroupedExperts(nn.Module):
         return torch.cat(outs)
 
 
+class AttachAuxLoss(torch.autograd.Function):
+    """Identity on the hidden states; in backward, also starts the balancing loss's backward, with gradient `scale`.
+
+    Megatron's MoEAuxLossAutoScaler. The balancing loss then reaches its router
+    wherever backward passes through the layer, with no term in the loss
+    function: a pipeline stage's routers get their balancing gradient although
+    the loss is computed on the last stage. `scale` must be the gradient the
+    training loss itself starts backward with (1 for `loss.backward()`; the loss
+    scale / micro-batches in the trainer), so the two losses are weighted alike.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, aux_loss: torch.Tensor, scale: float) -> torch.Tensor:
+        # Only the scalar's dtype and device are kept, not the tensor: nothing extra is saved for backward,
+        # which matters under activation checkpointing (a saved tensor there is recomputed).
+        ctx.scale, ctx.dtype, ctx.device = scale, aux_loss.dtype, aux_loss.device
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, torch.full((), ctx.scale, dtype=ctx.dtype, device=ctx.device), None
+
+
 class MoEFeedForward(nn.Module):
     """A top-k softmax router over SwiGLU experts, with a capacity per expert and the balancing loss.
 
@@ -110,11 +136,18 @@ class MoEFeedForward(nn.Module):
     and averaged. Per sequence rather than per device batch (Switch's choice)
     because then routing, drops and the loss do not depend on how the batch is
     split over ranks or micro-batches: every layout trains the same model.
+
+    The balancing loss is attached to the output (`AttachAuxLoss`): backward
+    through this layer trains the router on it, with gradient `aux_grad_scale`.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.layer = layer
+        """Index of the block holding this FFN in the whole model (also inside a pipeline stage that holds a few)."""
+        self.aux_grad_scale = 1.0
+        """Gradient the balancing loss starts backward with: that of the training loss (see `set_moe_aux_grad_scale`)."""
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.hidden_dim)
         self.shared_expert = FeedForward(cfg) if cfg.shared_expert else None
@@ -155,7 +188,10 @@ class MoEFeedForward(nn.Module):
         routed = self.experts(flat[token], counts)
         out = routed.new_zeros(flat.shape).index_add_(0, token, routed * weight.unsqueeze(-1).to(routed.dtype))
         out = out.view(bsz, seq, dim)
-        return out + self.shared_expert(x) if self.shared_expert is not None else out
+        out = out + self.shared_expert(x) if self.shared_expert is not None else out
+        if torch.is_grad_enabled() and self.last_aux_loss.requires_grad:
+            out = AttachAuxLoss.apply(out, self.last_aux_loss, self.aux_grad_scale)
+        return out
 
 
 class Block(nn.Module):
@@ -164,7 +200,7 @@ class Block(nn.Module):
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe_layer(layer) else FeedForward(cfg)
+        self.feed_forward = MoEFeedForward(cfg, layer) if cfg.is_moe_layer(layer) else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope)
@@ -222,8 +258,16 @@ def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
+def set_moe_aux_grad_scale(model: nn.Module, scale: float) -> None:
+    """Make the balancing losses of `model`'s MoE FFNs start backward with gradient `scale`: the gradient the
+    training loss starts with (loss scale / micro-batches when the loss is divided by them and scaled)."""
+    for m in moe_layers(model):
+        m.aux_grad_scale = float(scale)
+
+
 def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
-    """Sum of the balancing losses of the last forward (to add to the training loss); None for a dense model."""
+    """Sum of the balancing losses of the last forward, to report; None for a dense model. Not to be added to the
+    loss: each MoE FFN's output already carries its balancing loss into backward (`AttachAuxLoss`)."""
     losses = [m.last_aux_loss for m in moe_layers(model) if m.last_aux_loss is not None]
     return torch.stack(losses).sum() if losses else None
 

@@ -22,10 +22,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing
+from workbench.engine.model import build_model, loss_fn, set_moe_aux_grad_scale
 from workbench.engine.parallel.data_parallel import build_optimizer, gradient_sync
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
+from workbench.engine.routing import RouterTally
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.probes import NullProbe, StepProbe
 
@@ -106,6 +107,10 @@ class Trainer:
             self.modules: list[nn.Module] = list(self.pipeline.modules)
         else:
             self.modules = [parallelize(model.to(self.device), mesh, cfg)]
+        self._routing = RouterTally(cfg.model, cfg.micro_batches, self.device) if cfg.model.n_experts else None
+        """Mixture of experts: this rank's router statistics of the step, for the step's all-reduce; None if dense."""
+        if self.pipeline is not None and self._routing is not None:
+            self.pipeline.after_forward = self._routing.add  # every stage reads its own layers' routers
         # One optimizer per module part, as torchtitan does: each is then a (model, optimizer) pair
         # that torch.distributed.checkpoint can turn into a full state dict on its own.
         self.optimizers = [build_optimizer(module, mesh["dp"], cfg) for module in self.modules]
@@ -124,7 +129,7 @@ class Trainer:
         `flags` are this rank's votes; what the world agreed is in `self.agreed` afterwards.
         """
         self.probe.begin_step()
-        self._moe = None  # (aux loss, load, dropped) summed over this step's micro-batches; None for dense
+        self._begin_routing()
         start = time.perf_counter()
         inputs, targets = self._batch(step_index)
         try:
@@ -198,22 +203,26 @@ class Trainer:
             with gradient_sync(model, enabled=i == n - 1):
                 with self.probe.span("forward"), self.precision.autocast():
                     # Divided by n so the accumulated gradient is that of the mean over the whole batch.
+                    # A MoE model's balancing loss is not added: its layers' outputs carry it into backward.
                     loss = loss_fn(model(x), y) / n
-                    aux = moe_aux_loss(model)  # mixture of experts: the balancing loss trains beside it
-                    self._note_routing(model, aux, n)
+                if self._routing is not None:
+                    self._routing.add(model)
                 # Backward outside autocast, as torch recommends: it reuses the forward's dtypes.
                 with self.probe.backward():
-                    self.precision.scale(loss if aux is None else loss + aux / n).backward()
+                    self.precision.scale(loss).backward()
             total += loss.detach()
         return total
 
-    def _note_routing(self, model: nn.Module, aux: torch.Tensor | None, n: int) -> None:
-        """Add one micro-batch's balancing loss (as a share of the mean) and router counts to the step's."""
-        routing = moe_routing(model)
-        if aux is None or routing is None:
+    def _begin_routing(self) -> None:
+        """Mixture of experts: clear the step's router tally, and weight the balancing loss's gradient as the
+        loss's: each micro-batch's loss is divided by the micro-batches, then multiplied by the fp16 loss scale
+        (constant within a step: it changes in the optimizer step)."""
+        if self._routing is None:
             return
-        part = (aux.detach().float() / n, routing[0].float(), routing[1].float())
-        self._moe = part if self._moe is None else tuple(a + b for a, b in zip(self._moe, part))
+        self._routing.reset()
+        scale = (self.precision.loss_scale or 1.0) / self.cfg.micro_batches
+        for module in self.modules:
+            set_moe_aux_grad_scale(module, scale)
 
     def _agree(self, loss: torch.Tensor | None, found_inf: torch.Tensor, flags: Flags) -> Agreed:
         # Summed over the world: ranks holding a loss (all but non-last pipeline stages) add it with
@@ -225,24 +234,24 @@ class Trainer:
         has_loss = loss is not None
         payload = torch.stack([scalar(loss if has_loss else 0.0), scalar(float(has_loss)), scalar(found_inf),
                                scalar(float(flags.stop)), scalar(float(flags.skip)), scalar(float(flags.oom))])
-        moe = None
-        if self.cfg.model.n_experts:  # same payload shape on every rank, whatever happened on this one
-            m = self.cfg.model
-            zeros = (torch.zeros(()), torch.zeros(m.n_moe_layers, m.n_experts), torch.zeros(m.n_moe_layers))
-            moe = self._moe if has_loss and self._moe is not None else zeros
-            # Mixture of experts rides the same all-reduce: balancing loss (averaged below like the loss), router
-            # counts and drops (summed: each dp rank routed its own tokens). fp32 counts are exact below 2^24.
-            payload = torch.cat([payload, moe[0].reshape(1).to(self.device), moe[1].flatten().to(self.device),
-                                 moe[2].to(self.device)])
+        if self._routing is not None:  # same payload shape on every rank, whatever happened on this one
+            # Mixture of experts rides the same all-reduce: balancing loss (summed over the pipeline stages, then
+            # averaged over dp below), router counts and drops (summed: each dp rank routed its own tokens, each
+            # stage its own layers). The tp ranks of a dp replica route the same tokens (the MoE FFN is replicated
+            # over tp): only the first sends. A rank that ran out of memory sends zeros: its counts are partial.
+            counted = not flags.oom and self.mesh.get_local_rank("tp") == 0
+            moe = self._routing.payload() if counted else torch.zeros_like(self._routing.payload())
+            payload = torch.cat([payload, moe.to(self.device)])
         dist.all_reduce(payload)
         values = payload.tolist()  # the step's one host sync
         loss_sum, weight, overflow, stop, skip, oom = values[:6]
         loss = loss_sum / weight if weight else float("nan")
         extra = {}
-        if moe is not None:
-            layers, experts = moe[1].shape
+        if self._routing is not None:
+            layers, experts = self._routing.load.shape
             counts = [round(v) for v in values[7:]]
-            extra = dict(aux_loss=values[6] / weight if weight else float("nan"),
+            # Each dp replica's stages together sent its whole balancing loss once: the mean is over dp.
+            extra = dict(aux_loss=values[6] / self.dp_size if weight else float("nan"),
                          expert_load=tuple(tuple(counts[i * experts:(i + 1) * experts]) for i in range(layers)),
                          tokens_dropped=tuple(counts[layers * experts:]))
         # Every rank sees the same sum, so a non-finite loss is a verdict all agree on, at no extra cost.

@@ -33,6 +33,12 @@ the stage's shape-inference forward on the first step, so the activation
 dtypes it infers (and allocates receive buffers for) are those that training
 sends. Backward runs outside autocast, as torch recommends.
 
+Mixture of experts: each MoE FFN attaches its balancing loss to its output
+(model.py's `AttachAuxLoss`), so the stage's own backward trains its routers
+on it; the loss function on the last stage sees only the training loss. The
+trainer sets `runner.after_forward` to read each stage's router counts after
+every micro-batch's forward.
+
 Telemetry: set `runner.on_action = hook`; every forward and backward of one
 micro-batch through one stage then calls
 `hook(kind, stage, microbatch, start_ns, end_ns)` with kind "F" or "B" and
@@ -109,6 +115,9 @@ class _TimedStage(PipelineStage):
     """A PipelineStage that reports the interval of each forward and backward to `on_action`."""
 
     on_action: ActionHook | None = None
+    after_forward: Callable[[nn.Module], None] | None = None
+    """Called with the chunk after each micro-batch's forward (not the first step's shape inference, nor the
+    recomputation of activation checkpointing), while what the forward measured is still in the chunk."""
 
     def _now(self) -> int:
         if torch.device(self.device).type == "cuda":
@@ -117,11 +126,12 @@ class _TimedStage(PipelineStage):
         return time.monotonic_ns()
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        if self.on_action is None:
-            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-        start = self._now()
+        start = self._now() if self.on_action is not None else 0
         output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-        self.on_action("F", self.stage_index, fwd_chunk_id, start, self._now())
+        if self.on_action is not None:
+            self.on_action("F", self.stage_index, fwd_chunk_id, start, self._now())
+        if self.after_forward is not None:
+            self.after_forward(self.submod)
         return output
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> None:
@@ -200,6 +210,17 @@ class PipelineRunner:
         self._on_action = hook
         for stage in self.stages:
             stage.on_action = hook
+
+    @property
+    def after_forward(self) -> Callable[[nn.Module], None] | None:
+        """Called with the chunk after every forward of one micro-batch through one of this rank's stages (the
+        trainer reads the MoE routers' statistics there); None for nothing."""
+        return self.stages[0].after_forward
+
+    @after_forward.setter
+    def after_forward(self, hook: Callable[[nn.Module], None] | None) -> None:
+        for stage in self.stages:
+            stage.after_forward = hook
 
     def grid(self) -> Grid:
         """The ideal time-step × rank grid of this pipeline's schedule."""

@@ -16,6 +16,18 @@ columns, as torchtitan does. With `loss_parallel` the logits stay sharded over
 the vocabulary dim and the cross-entropy must run under
 `torch.distributed.tensor.parallel.loss_parallel()`; without it they are
 gathered, so the ordinary loss function works unchanged.
+
+A mixture-of-experts FFN is not split by tp (`moe_block_plan`): its input is
+all-gathered over the sequence dim, every tp rank routes the whole sequences
+(the routing group) and runs every expert on them, the same computation on
+the same data, and each keeps its own sequence shard of the output. The
+router and expert weights are plain tensors, whole on every tp rank, whose
+gradients come out identical there without a sync (the output gradient is
+all-gathered, so each rank backpropagates the whole of it), as long as the
+kernels are deterministic: on CPU they are (tests/engine/test_moe.py checks
+the replicas stay equal); on CUDA, `index_add_` (the MoE's combine) adds
+with atomics, which for top_k > 2 could let the replicas drift apart in the
+last bits. Experts are split over ranks by ep instead, within the dp axis.
 """
 
 from __future__ import annotations
@@ -26,13 +38,14 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
 from workbench.config import Config
-from workbench.engine.model import Transformer
+from workbench.engine.model import MoEFeedForward, Transformer
 
 
 def block_plan() -> dict[str, ParallelStyle]:
@@ -52,6 +65,17 @@ def block_plan() -> dict[str, ParallelStyle]:
         "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     }
+
+
+def moe_block_plan() -> dict[str, ParallelStyle]:
+    """The plan of a block whose FFN is a mixture of experts: attention as in `block_plan`; the MoE FFN gets the
+    whole sequence as a plain tensor (an all-gather), computes it replicated on every tp rank, and hands on its
+    rank's sequence shard (a slice; backward: an all-gather of the output gradient, a slice of the input's)."""
+    plan = {name: style for name, style in block_plan().items() if not name.startswith("feed_forward")}
+    plan["feed_forward"] = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
+    return plan
 
 
 def model_plan(model: Transformer, *, loss_parallel: bool = False) -> dict[str, ParallelStyle]:
@@ -78,6 +102,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, cfg: Config, *, loss_paral
         return model
     parallelize_module(model, tp_mesh, model_plan(model, loss_parallel=loss_parallel))
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan())
+        moe = isinstance(block.feed_forward, MoEFeedForward)
+        parallelize_module(block, tp_mesh, moe_block_plan() if moe else block_plan())
     return model
 
