@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import workbench as wb
+from tests.local_launch import free_port, outputs_of
 from workbench.export import Launch, export
 from workbench.telemetry import jsonl
 from workbench.ui.report import report_from_metrics
@@ -19,27 +19,14 @@ from workbench.ui.report import report_from_metrics
 # computation, so the losses are demanded bit-identical (and are).
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_nodes(run: Path, *extra: str) -> list[str]:
     """run.sh on "node 0" and "node 1" (one rank each) of this machine, meeting on loopback; their output."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHON=sys.executable,
                GLOO_SOCKET_IFNAME="lo", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
     nodes = [subprocess.Popen([str(run / "run.sh"), *extra], env=dict(env, NODE_RANK=str(i)), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
-    outputs = []
-    for node in nodes:
-        try:
-            out, _ = node.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            out, _ = node.communicate()
-        outputs.append(out)
+    outputs = outputs_of(nodes, timeout=240)
     for node, out in zip(nodes, outputs):
         assert node.returncode == 0, out
     return outputs
@@ -67,7 +54,7 @@ def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_pa
 
     # Started as srun starts tasks (no torchrun: SLURM_PROCID/SLURM_NTASKS, MASTER_ADDR/PORT exported), two ranks
     # resume torchrun's step-2 checkpoint and train step 2 again, to the same loss.
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURM_NTASKS="2", GLOO_SOCKET_IFNAME="lo",
                OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -76,8 +63,7 @@ def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_pa
                                "--resume", str(run / "ckpt" / "step-000002"), "--metrics", str(tmp_path / "srun.jsonl"),
                                "--device", "cpu"], env=dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
-    for task in tasks:
-        out, _ = task.communicate(timeout=240)
+    for task, out in zip(tasks, outputs_of(tasks, timeout=240)):
         assert task.returncode == 0, out
     assert _losses(tmp_path / "srun.jsonl") == {2: torchrun[2]}
 
@@ -115,7 +101,7 @@ def test_accelerate_launch_runs_the_exported_config(tmp_path):
 
         pytest.skip("accelerate is not installed")
     run = tmp_path / "run"
-    export(wb.Config(dp=2, seed=3), run, Launch(nnodes=1, nproc_per_node=2, device="cpu", steps=1, port=_free_port()))
+    export(wb.Config(dp=2, seed=3), run, Launch(nnodes=1, nproc_per_node=2, device="cpu", steps=1, port=free_port()))
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     done = subprocess.run([str(accelerate), "launch", "--config_file", "accelerate.yaml", "-m", "workbench.train",
                            "config.json", "--steps", "1", "--device", "cpu"], cwd=run, env=env, capture_output=True,

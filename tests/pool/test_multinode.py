@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import stat
 import subprocess
 import time
@@ -12,13 +11,8 @@ import time
 import pytest
 
 import workbench as wb
+from tests.local_launch import free_port, outputs_of
 from tests.pool import rank_fns
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
@@ -27,7 +21,7 @@ def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
     nodes = []
     try:
         assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
-        master_port = _free_port()
+        master_port = free_port()
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
         for node_rank in (0, 1):
             cmd = pool.launch_command(nnodes=2, nproc_per_node=1, master_port=master_port)
@@ -41,14 +35,7 @@ def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
         assert pool.run(rank_fns.all_reduce_sum, 5) == [10.0, 10.0]
     finally:
         pool.close()
-        outputs = []
-        for node in nodes:
-            try:
-                out, _ = node.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                out, _ = node.communicate()
-            outputs.append(out)
+        outputs = outputs_of(nodes, timeout=30)
     for node, out in zip(nodes, outputs):
         assert node.returncode == 0, out
 
@@ -57,7 +44,7 @@ def test_a_remote_rank_that_dies_is_reported_at_once_not_at_the_heartbeat_timeou
     # A remote rank has no process the notebook can poll: its closed connection is the news.
     key_file = tmp_path / "pool.key"
     pool = wb.Pool(1, device="cpu", external=True, key_file=str(key_file), heartbeat_timeout_s=30)
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), GLOO_SOCKET_IFNAME="lo",
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo",
                OMP_NUM_THREADS="1")
     rank = subprocess.Popen([os.sys.executable, "-m", "workbench.pool.worker", "--connect", pool.address,
                              "--key-file", str(key_file), "--rank", "0", "--world-size", "1"], env=env)

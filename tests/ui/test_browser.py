@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.local_launch import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -44,12 +45,6 @@ def _chromium() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab on 127.0.0.1 with a token, over a copy of notebooks/, with no news pop-up or update check."""
@@ -58,7 +53,7 @@ def lab(tmp_path):
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
                                                                           "checkForUpdates": False}))
-    token, port = secrets.token_hex(16), _free_port()
+    token, port = secrets.token_hex(16), free_port()
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "lab-settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), OMP_NUM_THREADS="1")
