@@ -27,6 +27,7 @@ from workbench.telemetry import cuda  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 MS = 1_000_000
+MiB = 1 << 20
 DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -149,6 +150,31 @@ def nccl_world(gpu):
             yield dist
         finally:
             dist.destroy_process_group()
+
+
+def test_nccl_collectives_are_stamped_on_the_gpu(nccl_world):
+    dist = nccl_world
+    from workbench.telemetry import native
+    from workbench.telemetry.gpu_timeline import GpuTimeline
+
+    x = torch.ones(MiB, device="cuda")
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    time.sleep(0.05)
+    timeline = GpuTimeline(cuda.read_marks, cuda.release_marks)
+    timeline.discard(native.drain_marked())
+    issued = time.monotonic_ns()
+    cuda.spin(torch.cuda.current_stream().cuda_stream, 30_000_000)
+    dist.all_reduce(x)  # queued behind 30 ms of GPU work
+    torch.cuda.synchronize()
+    assert native.drain() == []  # nothing host-stamped: CUDA collectives carry marks
+    timeline.add(native.drain_marked())
+    (iv,) = timeline.resolve()
+    assert (iv.name, iv.bytes, iv.stream) == ("all_reduce", 4 * MiB, "nccl")
+    # GPU-side start: after the spin kernel, not when Python issued the call.
+    assert iv.start_ns - issued >= 29_000_000
+    assert iv.end_ns > iv.start_ns
+    assert native.load().unstamped_cuda_ops() == 0
 
 
 def test_comm_intervals_match_the_profilers_nccl_device_time_within_5_percent(gpu, nccl_world):

@@ -1,7 +1,7 @@
 """Bytes the data-parallel gradient sync sent in one step, from the collectives the recording backend saw.
 
 Pure arithmetic over a step's `Interval`s (no torch), so it is tested without processes and the
-trainer attaches the figure to `StepMetrics.grad_sync_bytes`; the UI only draws it.
+step probe attaches the figure to `StepMetrics.grad_sync_bytes`; the UI only draws it.
 
 Which collectives are the gradient sync: those on the dp group, of the kinds the layout's gradient
 sync issues. DDP (zero 0/1), with or without a compression hook: every collective on the dp group but
