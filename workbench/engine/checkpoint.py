@@ -58,7 +58,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
-from workbench.engine.expert_state import as_global, as_held, expert_names, fqn_of, global_target, is_slice
+from workbench.engine.expert_state import as_global, as_held, expert_names, global_target
+from workbench.engine.parallel.expert import is_expert_slice, param_of_key
 from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
 
@@ -268,7 +269,7 @@ def _set_optimizer(module: nn.Module, opt: torch.optim.Optimizer, flat: dict[str
         return
     if experts := expert_names(module):  # expert moments back to the slice (or edp shard) this rank holds
         params = {name: param for param, name in param_names(module).items()}
-        flat = {k: as_held(v, params[fqn_of(k)]) if is_slice(k, v, experts) else v
+        flat = {k: as_held(v, params[param_of_key(k)]) if is_expert_slice(k, v, experts) else v
                 for k, v in flat.items()}
     if inner is opt:
         set_optimizer_state_dict(module, opt, flat, options=OPTIONS)

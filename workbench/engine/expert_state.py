@@ -27,23 +27,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from workbench.engine.parallel.expert import expert_modules
+from workbench.engine.parallel.expert import expert_shards, is_expert_slice
 from workbench.engine.reshard import bare_name
 
 
 def expert_names(module: nn.Module) -> set[str]:
     """Bare names of `module`'s expert-parallel parameters (empty at ep=1)."""
-    return {bare_name(f"{name}.{p}") for name, m in expert_modules(module) for p, _ in m.named_parameters()}
-
-
-def fqn_of(key: str) -> str:
-    """The parameter name in a flat model ("<fqn>") or optimizer ("state.<fqn>.<key>") key."""
-    return key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
-
-
-def is_slice(key: str, value: Any, experts: set[str]) -> bool:
-    """Whether `value` under `key` is an expert slice along dim 0 (AdamW's step counter is a scalar, not one)."""
-    return fqn_of(key) in experts and isinstance(value, torch.Tensor) and value.dim() > 0
+    return set(expert_shards(module, bare_name))
 
 
 def as_global(flat: dict[str, Any], experts: set[str], ep_mesh: DeviceMesh) -> dict[str, Any]:
@@ -51,7 +41,7 @@ def as_global(flat: dict[str, Any], experts: set[str], ep_mesh: DeviceMesh) -> d
     (collective over edp under FSDP2: every rank holds the same keys in the same order)."""
     if not experts:
         return flat
-    return {k: _on_ep(_whole_slice(v), ep_mesh) if is_slice(k, v, experts) else v for k, v in flat.items()}
+    return {k: _on_ep(_whole_slice(v), ep_mesh) if is_expert_slice(k, v, experts) else v for k, v in flat.items()}
 
 
 def global_target(held: torch.Tensor, ep_mesh: DeviceMesh, dtype: torch.dtype | None = None) -> DTensor:

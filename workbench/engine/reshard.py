@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from workbench.engine.parallel.expert import expert_shards
+from workbench.engine.parallel.expert import expert_shards, is_expert_slice, param_of_key
 
 FULL = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
 # Not cpu_offload: with full_state_dict it gathers to rank 0 only, and every rank needs the state.
@@ -101,15 +101,19 @@ def import_full_state(trainer: Any, state: dict[str, Any]) -> None:
         set_model_state_dict(module, {k: shards[k].slice(v) if k in shards else v
                                       for k, v in state["model"].items() if k in own}, options=FULL)
         if per_param:
-            _import_optimizer(module, opt, {fqn: {k: shards[fqn].slice(v) if fqn in shards and _sliced(v) else v
-                                                  for k, v in entry.items()} if fqn in shards else entry
-                                            for fqn, entry in per_param.items()})
+            _import_optimizer(module, opt, _slice_experts(per_param, shards))
         for group in opt.param_groups:
             group.update(lr=trainer.cfg.lr, weight_decay=trainer.cfg.weight_decay)
     if state["scaler"] and trainer.precision.scaler.is_enabled():
         trainer.precision.scaler.load_state_dict(state["scaler"])
     trainer.steps_done = state["trainer"]["steps_done"]
     trainer.skipped_steps = state["trainer"]["skipped_steps"]
+
+
+def _slice_experts(per_param: dict[str, dict[str, Any]], shards: dict) -> dict[str, dict[str, Any]]:
+    """Each expert parameter's optimizer state cut to this rank's ep slice; everything else as it is."""
+    return {fqn: {k: shards[fqn].slice(v) if is_expert_slice(fqn, v, shards) else v for k, v in entry.items()}
+            for fqn, entry in per_param.items()}
 
 
 def _gather_experts(flat: dict[str, Any], shards: dict) -> dict[str, Any]:
@@ -121,15 +125,9 @@ def _gather_experts(flat: dict[str, Any], shards: dict) -> dict[str, Any]:
         return flat
     out = dict(flat)
     for key, value in flat.items():
-        fqn = key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
-        if fqn in shards and _sliced(value):
-            out[key] = shards[fqn].gather(value)
+        if is_expert_slice(key, value, shards):
+            out[key] = shards[param_of_key(key)].gather(value)
     return out
-
-
-def _sliced(value: Any) -> bool:
-    # AdamW's step counter is a scalar, the same on every ep rank; weights and moments are sliced along dim 0.
-    return isinstance(value, torch.Tensor) and value.dim() > 0
 
 
 def _export_optimizer(module: nn.Module, opt: torch.optim.Optimizer, dp_mesh: DeviceMesh) -> dict[str, Any]:

@@ -23,7 +23,9 @@ of the mean loss over the global batch.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -154,6 +156,17 @@ class ExpertShard:
     def slice(self, full: torch.Tensor) -> torch.Tensor:
         n = full.shape[0] // self.size
         return full[self.rank * n:(self.rank + 1) * n]
+
+
+def param_of_key(key: str) -> str:
+    """The parameter name in a flat model ("<fqn>") or optimizer ("state.<fqn>.<key>") key."""
+    return key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
+
+
+def is_expert_slice(key: str, value: Any, experts: Container[str]) -> bool:
+    """Whether `value` under flat `key` is an expert slice along dim 0 (AdamW's step counter is a scalar, the same
+    on every ep rank: not one)."""
+    return param_of_key(key) in experts and isinstance(value, torch.Tensor) and value.dim() > 0
 
 
 def expert_shards(model: nn.Module, bare_name) -> dict[str, ExpertShard]:
