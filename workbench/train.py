@@ -175,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     rank.info = rank.RankInfo(world["rank"], world["world_size"], world["local_rank"], device, backend,
                               socket.gethostname())
     console = _Console(args.metrics, world["rank"], args.log_every)
-    rank._send = console
+    rank.host(console)
     run_id = _agreed(secrets.token_hex(8))
 
     def stop_at_next_step(signum: int, frame: Any) -> None:
-        rank._flags["stop"] = run_id  # the step's all-reduce carries the vote to every rank
+        rank.set_flag("stop", run_id)  # the step's all-reduce carries the vote to every rank
 
     signal.signal(signal.SIGTERM, stop_at_next_step)
     signal.signal(signal.SIGUSR1, stop_at_next_step)

@@ -67,6 +67,19 @@ def flag(name: str, default: Any = None) -> Any:
     return _flags.get(name, default)
 
 
+def host(send: Callable[[dict], None]) -> None:
+    """Where `emit` and `progress` go in this process: set once by what hosts the rank (the pool's worker, or
+    `python -m workbench.train`)."""
+    global _send
+    _send = send
+
+
+def set_flag(name: str, value: Any) -> None:
+    """Set a flag on this rank: by the pool's worker when the notebook calls `pool.set_flag`, or by
+    `workbench.train` when a signal asks for a stop."""
+    _flags[name] = value
+
+
 def unchecked():
     """A context in which this rank's collectives skip the pool's mismatch check (see collective_check)."""
     from workbench.pool.collective_check import unchecked as _unchecked

@@ -187,7 +187,7 @@ class Worker:
     def handle_control(self, msg: dict) -> None:
         kind = msg.get("type")
         if kind == "flag":
-            rank_api._flags[msg["name"]] = msg["value"]
+            rank_api.set_flag(msg["name"], msg["value"])
         elif kind == "stack":
             frame = sys._current_frames().get(self.main_thread)
             stack = "".join(traceback.format_stack(frame)) if frame else "(main thread not found)"
@@ -261,7 +261,7 @@ class Worker:
         # Environment first: torch reads these when it is imported and when the world starts.
         os.environ.update(self.settings["env"])
         threading.Thread(target=self.io_loop, name="workbench-io", daemon=True).start()
-        rank_api._send = self.send_message
+        rank_api.host(self.send_message)
         sys.stdout, sys.stderr = _RankStream(self, "stdout"), _RankStream(self, "stderr")
         try:
             self.init_distributed()
