@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from workbench.config import Config, ModelConfig, checkpointed_blocks
@@ -730,13 +730,11 @@ def _powersgd_elements(shape: tuple[int, ...], rank: int) -> int:
 
 def _offloaded(memory: Memory, cfg: Config, params: int) -> Memory:
     """Memory with Config.offload: what leaves the device and what the host holds instead."""
-    import dataclasses
-
     if cfg.zero >= 2:
         host = memory.parameters + memory.gradients + memory.optimizer
-        return dataclasses.replace(memory, parameters=0, gradients=0, optimizer=0, host=host)
+        return replace(memory, parameters=0, gradients=0, optimizer=0, host=host)
     share = _ceil_div(params, cfg.dp if cfg.zero == 1 else 1)
-    return dataclasses.replace(memory, optimizer=0, host=memory.optimizer + 2 * share)
+    return replace(memory, optimizer=0, host=memory.optimizer + 2 * share)
 
 
 def grad_sync_bytes_per_step(cfg: Config, hardware: str | Hardware = "h100") -> int:
