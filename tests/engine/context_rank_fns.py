@@ -62,5 +62,5 @@ def fsdp_placements(cfg: Config) -> dict[str, Any]:
 
     trainer = _trainer(cfg)
     weight = next(p for n, p in trainer.modules[0].named_parameters() if n.endswith("attention.wq.weight"))
-    return {"dims": weight.device_mesh.mesh_dim_names, "placements": [str(p) for p in weight.placements],
+    return {"dims": weight.device_mesh.mesh_dim_names, "placements": [repr(p) for p in weight.placements],
             "groups": weight.device_mesh.mesh.tolist(), "local_rows": weight.to_local().shape[0]}
