@@ -87,3 +87,26 @@ def test_the_key_value_exchange_is_recorded_on_the_cp_group(pool):
         assert {name for name, _, group in r["comm"] if group != "mesh_cp"} <= {"all_reduce", "broadcast"}
         # The cp ranks average their gradients (DDP over dp·cp): every fp32 gradient once, bus factor 1 at 2 ranks.
         assert r["grad_sync_bytes"] == 4 * m.num_params
+
+
+@pytest.mark.parametrize("causal, rows, cols", [(True, slice(None), slice(None)), (False, slice(16, None), slice(None)),
+                                                (False, slice(None), slice(0, 16))])
+def test_the_plain_block_kernels_are_torchs_flash_kernels(causal, rows, cols):
+    # The matmul kernels run where torch has no flash-attention op with a log-sum-exp to call (CUDA here): the
+    # same numbers as the CPU flash kernels on every kind of block the ring computes.
+    from workbench.engine.parallel import context
+
+    g = torch.Generator().manual_seed(3)
+    q, dout = (torch.randn(2, 4, 32, 8, generator=g) for _ in range(2))
+    k, v = (torch.randn(2, 2, 32, 8, generator=g) for _ in range(2))
+    q, dout, k, v = q[:, :, rows], dout[:, :, rows], k[:, :, cols], v[:, :, cols]
+    scale = 8 ** -0.5
+    flash = context._flash_cpu_forward(q, k, v, causal, scale)
+    plain = context._plain_forward(q, k, v, causal, scale)
+    for a, b in zip(plain, flash):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    out, lse = flash
+    grads = zip(context._plain_backward(q, k, v, dout, out, lse, causal, scale),
+                context._flash_cpu_backward(q, k, v, dout, out, lse, causal, scale))
+    for a, b in grads:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
