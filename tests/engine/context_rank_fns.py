@@ -51,8 +51,13 @@ def train_recording(cfg: Config, steps: int = 2) -> dict[str, Any]:
         trainer = Trainer(cfg, build_mesh(cfg, "cpu"), "cpu", TokenData.for_config(cfg), telemetry=True)
         metrics = [trainer.step(i) for i in range(steps)]
     m = metrics[-1]
+    # AdamW's moments on this rank, straight from the optimizers' state (an independent measure of the shard).
+    moments = sum((v.to_local() if hasattr(v, "to_local") else v).nbytes for opt in trainer.optimizers
+                  for state in getattr(opt, "optim", opt).state.values() for v in state.values()
+                  if torch.is_tensor(v) and v.dim() > 0)
     return {"comm": [(iv.name, iv.bytes, iv.group) for iv in m.intervals if iv.kind == "comm"],
-            "peak": m.peak_memory, "grad_sync_bytes": m.grad_sync_bytes, "losses": [x.loss for x in metrics]}
+            "peak": m.peak_memory, "grad_sync_bytes": m.grad_sync_bytes, "losses": [x.loss for x in metrics],
+            "optimizer": moments}
 
 
 @unchecked
