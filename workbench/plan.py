@@ -12,7 +12,7 @@ Context parallel (cp) and HSDP (dp_replicate) are axes too, searched where they 
 `min_cp_tokens` of a sequence, HSDP with one shard group per node.
 
 `scale_layout` carries a planned layout onto the local pool (fewer ranks, the notebook's model): the degrees
-shrink dp first, then pp, then tp (tp is what a layout is most about and costs the least to keep), and every
+shrink dp first, then pp, then cp, then tp (tp is what a layout is most about and costs the least to keep), and every
 other change it needs is said.
 """
 
