@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,15 @@ from workbench import checkpoints as ck
 from workbench.config import Config, ModelConfig
 
 
+CFG = Config(dp=2)
+
+
+def _manifest(step: int, files: dict[str, str]) -> dict:
+    """A manifest as a save writes it (engine/checkpoint.py), for `step`."""
+    return {"files": files, "next_step": step, "steps_done": step, "skipped_steps": 0, "scaler": None,
+            "config": ck.config_to_json(CFG), "layout": CFG.layout, "world_size": 2, "torch": "2.13.0"}
+
+
 def _save(root: Path, step: int, payload: bytes = b"shard", *, keep: int | None = None, nonce: str = "ab12") -> Path:
     """What a save leaves on disk: shards in the temporary directory, then the commit."""
     tmp = ck.temp_dir(root, step, nonce)
@@ -21,8 +31,17 @@ def _save(root: Path, step: int, payload: bytes = b"shard", *, keep: int | None 
     (tmp / ".metadata").write_bytes(b"index")
     (tmp / "__0_0.distcp").write_bytes(payload)
     (tmp / "__1_0.distcp").write_bytes(payload[::-1])
-    manifest = {"files": ck.digests(tmp), "next_step": step, "layout": "dp2", "config": {}}
-    return ck.commit(tmp, ck.final_dir(root, step), manifest, keep)
+    return ck.commit(tmp, ck.final_dir(root, step), _manifest(step, ck.digests(tmp)), keep)
+
+
+def _rewrite(checkpoint: Path, remark: bool = True, **fields) -> None:
+    """Edit manifest fields, and re-mark the commit as a forger would (or leave the marker stale)."""
+    path = checkpoint / ck.MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest.update(fields)
+    path.write_text(json.dumps(manifest))
+    if remark:
+        (checkpoint / ck.COMMIT).write_text(ck.sha256_file(path))
 
 
 def test_a_commit_renames_the_temporary_directory_into_a_complete_checkpoint(tmp_path):
@@ -63,7 +82,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
         if crash_at == "before the rename":
             monkeypatch.setattr(ck.os, "rename", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt("killed")))
         with pytest.raises(KeyboardInterrupt):
-            ck.commit(tmp, ck.final_dir(tmp_path, 20), {"files": ck.digests(tmp), "next_step": 20}, None)
+            ck.commit(tmp, ck.final_dir(tmp_path, 20), _manifest(20, ck.digests(tmp)), None)
     assert ck.resolve(tmp_path) == previous
     assert ck.verify(previous)["next_step"] == 10
     monkeypatch.undo()
@@ -119,6 +138,93 @@ def test_a_damaged_checkpoint_is_refused(tmp_path, damage):
             (final / ck.COMMIT).write_text(ck.sha256_file(manifest_path))
     with pytest.raises(ck.CheckpointError, match=match):
         ck.verify(final)
+
+
+@pytest.mark.parametrize("damage", ["manifest truncated", "commit marker deleted", "next_step -7, re-marked",
+                                    "a shard deleted"])
+def test_a_damaged_newest_checkpoint_is_refused_naming_the_newest_intact_one(tmp_path, damage):
+    """The drill of issue 17: load(root) used to take an older step without a word (10 steps lost)."""
+    for step in (100, 110, 120):
+        _save(tmp_path, step)
+    newest = tmp_path / "step-000120"
+    if damage == "manifest truncated":
+        (newest / ck.MANIFEST).write_bytes((newest / ck.MANIFEST).read_bytes()[:40])
+        why = "does not match the commit marker"
+    elif damage == "commit marker deleted":
+        (newest / ck.COMMIT).unlink()
+        why = "commit marker COMMIT is missing"
+    elif damage == "a shard deleted":
+        (newest / "__1_0.distcp").unlink()
+        why = r"__1_0\.distcp is missing"
+    else:
+        _rewrite(newest, next_step=-7)
+        why = "'next_step' must be an integer ≥ 0, got -7"
+    with pytest.raises(ck.CheckpointError) as info:
+        ck.resolve(tmp_path)
+    message = str(info.value)
+    assert re.search(rf"step-000120, the newest checkpoint in .* is damaged \(.*{why}", message), message
+    assert "the newest intact one is " + str(tmp_path / "step-000110") in message
+    assert "10 steps earlier" in message and "nothing was loaded" in message
+    assert ck.resolve(tmp_path / "step-000110") == tmp_path / "step-000110"  # the explicit argument
+    assert ck.verify(tmp_path / "step-000110")["next_step"] == 110
+
+
+def test_a_damaged_newest_checkpoint_with_nothing_older_intact_says_so(tmp_path):
+    _save(tmp_path, 10)
+    _save(tmp_path, 20)
+    for step in (10, 20):
+        (ck.final_dir(tmp_path, step) / ck.COMMIT).unlink()
+    with pytest.raises(ck.CheckpointError, match="no older checkpoint there is intact either"):
+        ck.resolve(tmp_path)
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    (dict(next_step=-7), "'next_step' must be an integer ≥ 0, got -7"),
+    (dict(next_step="3"), "'next_step' must be an integer ≥ 0, got '3'"),
+    (dict(next_step=True), "'next_step' must be an integer ≥ 0, got True"),
+    (dict(next_step=4), "'next_step' is 4, but the directory is step-000003"),
+    (dict(steps_done=2.5), "'steps_done' must be an integer ≥ 0"),
+    (dict(skipped_steps=9), r"'skipped_steps' \(9\) exceeds steps_done \(3\)"),
+    (dict(scaler={"scale": -1.0}), "'scaler' must be null or an object with exactly"),
+    (dict(scaler={"scale": 0.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                  "_growth_tracker": 0}), "'scaler' must have a finite scale > 0"),
+    (dict(scaler={"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 1.5, "growth_interval": 2000,
+                  "_growth_tracker": 0}), "'scaler' must have a backoff_factor in"),
+    (dict(config={**ck.config_to_json(CFG), "dp": 0}), "'config' is not a valid Config .*dp"),
+    (dict(config="dp2"), "'config' must be an object"),
+    (dict(world_size=4), "'world_size' is 4, but its config's layout dp2 has 2 ranks"),
+    (dict(world_size=0), "'world_size' must be ≥ 1"),
+    (dict(layout="tp2"), "'layout' is 'tp2', but its config's layout is 'dp2'"),
+    (dict(torch=7), "'torch' must be a non-empty string"),
+    (dict(files={".metadata": "abc"}), "'files' holds 'abc' for .metadata, not a SHA-256"),
+    (dict(files={}), "'files' must be a non-empty object"),
+    (dict(steps=3), "'steps' is not a manifest field"),
+])
+def test_the_manifest_is_schema_checked_even_when_its_commit_marker_is_recomputed(tmp_path, fields, match):
+    final = _save(tmp_path, 3)
+    _rewrite(final, **fields)
+    with pytest.raises(ck.CheckpointError, match=match):
+        ck.verify(final)
+    assert ck.damage(final) is not None
+
+
+def test_a_missing_manifest_field_is_named(tmp_path):
+    final = _save(tmp_path, 3)
+    manifest = json.loads((final / ck.MANIFEST).read_text())
+    del manifest["steps_done"]
+    (final / ck.MANIFEST).write_text(json.dumps(manifest))
+    (final / ck.COMMIT).write_text(ck.sha256_file(final / ck.MANIFEST))
+    with pytest.raises(ck.CheckpointError, match="'steps_done' is missing"):
+        ck.verify(final)
+
+
+def test_a_save_never_commits_a_manifest_that_a_load_would_refuse(tmp_path):
+    tmp = ck.temp_dir(tmp_path, 5, "ab12")
+    tmp.mkdir()
+    (tmp / ".metadata").write_bytes(b"index")
+    with pytest.raises(ck.CheckpointError, match="'steps_done' must be an integer"):
+        ck.commit(tmp, ck.final_dir(tmp_path, 5), {**_manifest(5, ck.digests(tmp)), "steps_done": -1})
+    assert not ck.final_dir(tmp_path, 5).exists()
 
 
 def test_clear_errors_for_what_is_not_a_checkpoint(tmp_path):

@@ -184,6 +184,12 @@ def test_bad_checkpoints_are_refused_and_training_is_untouched(bench, straight, 
     data[len(data) // 2] ^= 0x10
     shard.write_bytes(bytes(data))
     (tmp_path / "empty").mkdir()
+    damaged = tmp_path / "damaged"  # the drill of issue 17: the newest one damaged, an older one intact
+    shutil.copytree(good, damaged / good.name)
+    truncated = shutil.copytree(good, ck.final_dir(damaged, 7))
+    (truncated / ck.MANIFEST).write_bytes((truncated / ck.MANIFEST).read_bytes()[:50])
+    forged = tmp_path / "forged"
+    _forge_manifest(shutil.copytree(good, forged / good.name), next_step=-7)
     before = pool.run(fingerprint)
 
     cases = {
@@ -193,6 +199,9 @@ def test_bad_checkpoints_are_refused_and_training_is_untouched(bench, straight, 
         flipped: r"__1_0\.distcp: SHA-256 .* does not match",
         tmp_path / "other": r"parameter layers\.0\.attention\.wq\.weight: shape \(64, 64\) in the checkpoint, "
                             r"\(128, 128\) in this model",
+        damaged: r"step-000007, the newest checkpoint in .* is damaged .*the newest intact one is .*step-000005",
+        forged: r"step-000005, the newest checkpoint .* is damaged \(.*'next_step' must be an integer ≥ 0, got -7",
+        forged / good.name: r"manifest field 'next_step' must be an integer ≥ 0, got -7",
     }
     for path, message in cases.items():
         with pytest.raises(CheckpointError, match=message) as info:
@@ -200,6 +209,7 @@ def test_bad_checkpoints_are_refused_and_training_is_untouched(bench, straight, 
         print(f"{path.name}: {str(info.value).splitlines()[0]}")
     assert not pool.broken
     assert pool.run(fingerprint) == before
+    assert bench.load(damaged / good.name)["step"] == 5  # named explicitly, the intact one loads
     assert [m.loss for m in bench.train(5).wait()] == straight[5:10]
 
 
@@ -220,6 +230,13 @@ def _forge(checkpoint_dir: Path, name: str, data: bytes) -> None:
     manifest = json.loads(manifest_path.read_text())
     manifest["files"][name] = ck.sha256_file(checkpoint_dir / name)
     manifest_path.write_text(json.dumps(manifest))
+    (checkpoint_dir / ck.COMMIT).write_text(ck.sha256_file(manifest_path))
+
+
+def _forge_manifest(checkpoint_dir: Path, **fields) -> None:
+    """Edit manifest fields and recompute the commit marker, as the drill did."""
+    manifest_path = checkpoint_dir / ck.MANIFEST
+    manifest_path.write_text(json.dumps({**json.loads(manifest_path.read_text()), **fields}))
     (checkpoint_dir / ck.COMMIT).write_text(ck.sha256_file(manifest_path))
 
 
