@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"resumed from {loaded['path']} (saved by {loaded['saved_layout']}): next step {loaded['step']}",
             flush=True)
     nonce = _agreed(secrets.token_hex(4))
-    saves = checkpoints.SaveSchedule(args.save_every, saves_dir, args.keep, nonce) if args.save_every else None
+    saves = checkpoints.SaveSchedule(args.save_every, saves_dir, args.keep, nonce=nonce) if args.save_every else None
     remaining = max(0, args.steps - session.next_step())
     start = time.perf_counter()
     done = session.train(remaining, run_id, saves) if remaining else []

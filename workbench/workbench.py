@@ -162,17 +162,19 @@ class Workbench:
 
     # -- train -----------------------------------------------------------------------------------
     def train(self, steps: int = 100, *, save_every: int | None = None, save_to: str | Path | None = None,
-              keep: int | None = None) -> Run:
+              keep: int | None = None, async_save: bool = False) -> Run:
         """Start training for `steps` steps in the background; returns a Run at once.
 
         save_every=N, save_to="ckpt/": also save a checkpoint every N steps, keeping the last `keep`.
+        async_save=True: each save copies the state to host memory and training goes on while it is written
+        (the run ends once the last one is durable).
         """
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps: must be a positive integer, got {steps!r}")
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
-        saves = checkpoints.schedule(save_every, save_to, keep)
+        saves = checkpoints.schedule(save_every, save_to, keep, async_save)
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
         run_id = secrets.token_hex(8)
         self._run = Run(self, self.session.train(steps, run_id, saves), run_id, steps)
@@ -202,10 +204,12 @@ class Workbench:
         return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it).
+        """Load the newest checkpoint under `path` (or the one `path` names) into the current layout, whatever
+        layout saved it.
 
         Without a model yet, the saved Config is applied first. Anything wrong with
-        the checkpoint is found before the current model is touched.
+        the checkpoint is found before the current model is touched; a damaged newest
+        checkpoint is refused, naming the newest intact one (pass its path to load it).
         """
         self._require_idle("load a checkpoint")
         checkpoint_dir = checkpoints.resolve(path)

@@ -111,9 +111,11 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
             rank.emit(metrics)
             done.append(metrics)
             if saves is not None and session.next_step % saves.every == 0:
-                checkpoint.save(session.trainer, session.next_step, saves.directory, saves.keep, saves.nonce)
+                checkpoint.save(session.trainer, session.next_step, saves.directory, saves.keep, saves.nonce,
+                                saves.asynchronous)
             if session.trainer.agreed.stop:
                 break
+        checkpoint.finish_pending()  # a run's checkpoints are all durable when it returns
     return done
 
 
