@@ -164,6 +164,7 @@ def config_from_json(data: dict[str, Any]) -> Config:
 
 
 def resume_state(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What a load restores from the manifest beyond the tensors: data position, counters, loss scale."""
+    """What a load restores from the manifest beyond the tensors: data position, counters, loss scale; and which
+    optimizer saved its state (another optimizer's state is not loaded)."""
     keys = ("next_step", "steps_done", "skipped_steps", "scaler")
-    return {k: manifest[k] for k in keys}
+    return {**{k: manifest[k] for k in keys}, "optimizer": manifest["config"].get("optimizer", "adamw")}

@@ -36,3 +36,9 @@ RECOMPUTE_HELP = {
     "selective": "checkpoint every other transformer block: less memory, some recomputation",
     "full": "checkpoint every transformer block: least activation memory, one extra forward",
 }
+OPTIMIZER_HELP = {
+    "adamw": "AdamW: two fp32 moments per parameter (8 B of optimizer state per parameter)",
+    "lion": "Lion: one fp32 moment and a sign update (4 B per parameter, half of AdamW's); every element moves "
+            "by lr, so use an lr about 3-10x smaller than AdamW's",
+    "sgd": "SGD with momentum 0.9: one fp32 buffer per parameter (4 B, half of AdamW's); usually a larger lr",
+}

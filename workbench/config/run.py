@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import ZERO_STAGES, Compression, Precision, Recompute, Schedule
+from workbench.config.choices import ZERO_STAGES, Compression, Optimizer, Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
@@ -61,9 +61,11 @@ class Config:
     seq_len: int = 128
     """Tokens per sequence."""
     lr: float = 3e-3
-    """AdamW learning rate, > 0 and finite."""
+    """The optimizer's learning rate, > 0 and finite (for Lion about 3-10× smaller than AdamW's)."""
     weight_decay: float = 0.0
-    """AdamW weight decay, ≥ 0."""
+    """The optimizer's weight decay, ≥ 0 (decoupled, as AdamW's, for AdamW and Lion)."""
+    optimizer: Optimizer = "adamw"
+    """"adamw" (two moments), "lion" (one moment, sign update) or "sgd" (momentum 0.9). See OPTIMIZER_HELP."""
     seed: int = 0
     """Seeds the model's initial weights and the order of the data (64 bits)."""
     compression: Compression = "none"
@@ -124,6 +126,8 @@ class Config:
                          else f"powersgd{self.powersgd_rank}")
         if self.offload:
             parts.append("offload")
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
         return "·".join(parts)
 
     # -- checks against where it runs ---------------------------------------------------------------------

@@ -4,7 +4,8 @@ What a checkpoint holds, as flat DCP keys:
     model.<fqn>                      each parameter as this layout holds it: DTensor shards under FSDP2 and
                                      TP, plain tensors under DDP; pipeline ranks hold different layers under
                                      the full model's names, so the union over ranks is the whole model
-    optim.state.<fqn>.<key>          AdamW's state, sharded like its parameter
+    optim.state.<fqn>.<key>          the optimizer's state (AdamW's moments and step, Lion's moment, SGD's
+                                     momentum buffer), sharded like its parameter
                                      (expert-parallel slices, parameters and moments alike, are saved as shards
                                      of the whole (n_experts, ...) tensor: engine/expert_state.py)
     rng.<rank>.<generator>           every rank's random generators, as tensors
@@ -234,7 +235,9 @@ def load(trainer: Trainer, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
     so every rank raises the same CheckpointError and none is left waiting.
     """
     finish_pending()
-    reader, models, optims = _check_fit(trainer, path)
+    # Another optimizer's state means nothing to this one: the weights load, the optimizer starts afresh.
+    same_optimizer = saved.get("optimizer", "adamw") == trainer.cfg.optimizer
+    reader, models, optims = _check_fit(trainer, path, same_optimizer)
     entries = reader.metadata.state_dict_metadata
     rng = {k: _empty(md) for k, md in entries.items() if k.startswith(f"rng.{dist.get_rank()}.")}
     request = {f"model.{k}": v for m in models for k, v in m.items()}
@@ -257,16 +260,17 @@ def load(trainer: Trainer, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
     trainer.steps_done, trainer.skipped_steps = saved["steps_done"], saved["skipped_steps"]
     if rng:
         set_rng_state({k.split(".", 2)[2]: v for k, v in rng.items()}, trainer.device)  # filled in place
-    return {"rng_restored": bool(rng), "optimizer_restored": any(optims)}
+    return {"rng_restored": bool(rng), "optimizer_restored": any(optims),
+            "saved_optimizer": saved.get("optimizer", "adamw")}
 
 
-def _check_fit(trainer: Trainer, path: Path) -> tuple[ChunkReader, list[dict], list[dict]]:
+def _check_fit(trainer: Trainer, path: Path, with_optimizer: bool) -> tuple[ChunkReader, list[dict], list[dict]]:
     """The reader and this rank's empty targets, once every rank agrees the checkpoint fits this model."""
     entries, models, optims, problems, refused = {}, [], [], [], None
     try:
         reader = ChunkReader(path)
         entries = reader.metadata.state_dict_metadata
-        models, optims, problems = _targets(trainer, entries)
+        models, optims, problems = _targets(trainer, entries, with_optimizer)
     except CheckpointError as e:
         refused = str(e)
     # Pipeline ranks hold different parameters: only together do they know what the checkpoint has extra.
@@ -286,10 +290,11 @@ def _check_fit(trainer: Trainer, path: Path) -> tuple[ChunkReader, list[dict], l
     return reader, models, optims
 
 
-def _targets(trainer: Trainer, entries: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:
+def _targets(trainer: Trainer, entries: dict[str, Any], with_optimizer: bool) -> tuple[list[dict], list[dict],
+                                                                                     list[str]]:
     """Empty tensors shaped like what this rank holds, per module part, and what does not fit the checkpoint."""
     models, optims, problems = [], [], []
-    has_optim = any(k.startswith("optim.state.") for k in entries)
+    has_optim = with_optimizer and any(k.startswith("optim.state.") for k in entries)
     for module, opt in zip(trainer.modules, trainer.optimizers):
         model: dict[str, torch.Tensor] = {}
         experts, ep_mesh = expert_names(module), _ep_mesh(trainer)
