@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.config import PRESETS, Config
+from workbench.config import FP8, PRESETS, Config
 
 Device = Literal["cuda", "cpu"]
 
@@ -42,6 +42,8 @@ class Launch:
     """Optimizer steps the run trains."""
     save_every: int = 100
     """Checkpoint every this many steps (into ckpt/ beside config.json)."""
+    async_save: bool = False
+    """Write those checkpoints in the background while training goes on (torchtitan's checkpoint.async_mode)."""
     port: int = 29500
     """Rendezvous port on the first node."""
 
@@ -50,6 +52,8 @@ class Launch:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if not isinstance(self.async_save, bool):
+            raise ValueError(f"async_save: must be True or False, got {self.async_save!r}")
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"device: {self.device!r} is not 'cuda' or 'cpu'")
 
@@ -92,7 +96,8 @@ def config_json(cfg: Config) -> str:
 def train_arguments(launch: Launch, config: str = "config.json") -> list[str]:
     """The arguments of `python -m workbench.train` for this launch, paths relative to the export directory."""
     return ["-m", "workbench.train", config, "--steps", str(launch.steps), "--save-every", str(launch.save_every),
-            "--save-to", "ckpt", "--metrics", "metrics.jsonl", "--device", launch.device]
+            "--save-to", "ckpt", "--metrics", "metrics.jsonl", "--device", launch.device,
+            *(["--async-save"] if launch.async_save else [])]
 
 
 def torchrun_command(launch: Launch, *, node_rank: str = "$NODE_RANK", master_addr: str = "$MASTER_ADDR",
@@ -179,7 +184,8 @@ _TITAN_FLAVORS = {"8b": "8B"}  # our presets with the shape of a torchtitan llam
 def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     """The nearest torchtitan job config for `cfg`'s layout, and what in `cfg` it cannot express.
 
-    Field names are torchtitan's JobConfig ([training], [parallelism], [activation_checkpoint], [optimizer]).
+    Field names are torchtitan's JobConfig ([training], [parallelism], [activation_checkpoint], [optimizer],
+    [compile], [float8], [checkpoint]).
     """
     missing: list[str] = []
     preset = next((name for name, m in PRESETS.items() if m == cfg.model), None)
@@ -206,7 +212,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
                            "data parallel (data_parallel_replicate_degree), which holds the whole optimizer state")
         else:
             shard, reshard = cfg.dp, "never" if cfg.zero == 2 else "always"
-    titan_precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.precision, "bfloat16")
+    titan_precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.precision, "bfloat16")  # fp8: bf16 beside
     if cfg.precision == "fp16":
         missing.append("precision=fp16 with dynamic loss scaling: torchtitan trains in bf16 (written as bfloat16)")
     if cfg.precision == "bf16":
@@ -214,6 +220,11 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
                        "parameters FSDP gathers (and applies only under FSDP)")
     missing.append("a constant learning rate: torchtitan's scheduler decays it after warm-up (warmup_steps = 0 and "
                    "effectively no clipping are written; set [lr_scheduler] to hold it constant in your version)")
+    if cfg.optimizer != "adamw":
+        missing.append(f"optimizer={cfg.optimizer}: torchtitan builds Adam and AdamW only (written as AdamW)")
+    if cfg.cuda_graphs:
+        missing.append("cuda_graphs (torch.compile mode=\"reduce-overhead\"): torchtitan's [compile] has no mode")
+    float8_lines = _float8_lines(cfg)
 
     ac_lines = ['mode = "none"']
     if cfg.activation_checkpointing == "full":
@@ -238,6 +249,13 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         "[model]",
         'name = "llama3"',
         f'flavor = "{flavor or "8B"}"',
+        *(['converters = ["float8"]'] if float8_lines else []),
+        "",
+        *float8_lines,
+        "[compile]",
+        f"enable = {str(cfg.compile).lower()}",
+        'components = ["model"]  # per transformer block, as the workbench compiles',
+        f'backend = "{cfg.compile_backend}"',
         "",
         "[optimizer]",
         'name = "AdamW"',
@@ -272,6 +290,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         "[checkpoint]",
         "enable_checkpoint = true",
         f"interval = {launch.save_every}",
+        f'async_mode = "{"async" if launch.async_save else "disabled"}"',
         "",
         "# Not expressible in torchtitan's config (the workbench's value is in config.json):",
         *[f"#   - {item}" for item in missing],
@@ -279,10 +298,21 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     return "\n".join(lines) + "\n", tuple(missing)
 
 
+def _float8_lines(cfg: Config) -> list[str]:
+    """torchtitan's [float8] section for an fp8 precision (its model converter "float8"); none otherwise."""
+    if cfg.precision not in FP8:
+        return []
+    if cfg.precision == "fp8_rowwise":
+        return ["[float8]", 'recipe_name = "rowwise"', ""]
+    fsdp = str(cfg.zero >= 2).lower()  # tensorwise: weights all-gathered in fp8 under FSDP2, as the workbench does
+    return ["[float8]", f"enable_fsdp_float8_all_gather = {fsdp}",
+            f"precompute_float8_dynamic_scale_for_fsdp = {fsdp}", ""]
+
+
 def export(cfg: Config, directory: str | Path, launch: Launch | None = None, **launch_kwargs) -> Exported:
     """Write config.json, run.sh, run.sbatch, accelerate.yaml and torchtitan.toml for `cfg` into `directory`.
 
-    `launch` (or Launch.for_config's keywords: gpus_per_node, device, steps, save_every, port) says how the
+    `launch` (or Launch.for_config's keywords: gpus_per_node, device, steps, save_every, async_save, port) says how the
     ranks are spread over nodes; its world must be the layout's dp·tp·pp.
     """
     if launch is None:

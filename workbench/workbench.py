@@ -127,7 +127,8 @@ class Workbench:
             raise ConfigError(f"config: expected a wb.Config, got {type(cfg).__name__}. Fix: pass wb.Config(...).")
         cfg.check_world(self.pool.world_size)
         caps = self.capabilities
-        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"])
+        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
+                         cuda=caps["device"].startswith("cuda"))
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -233,7 +234,7 @@ class Workbench:
         """Write what runs the current Config without the notebook into `directory`: config.json, run.sh (torchrun),
         run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan.toml; returns `wb.export.Exported`.
 
-        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, port.
+        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, async_save, port.
         """
         from workbench.export import export
 

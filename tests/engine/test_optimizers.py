@@ -135,3 +135,16 @@ def test_changing_the_optimizer_carries_the_weights_and_starts_its_state_afresh(
     for r in pool.run(switch_optimizer, BASE.replace(dp=2), LION.replace(dp=2)):
         assert r["same_weights"] and r["state"] == 0 and np.isfinite(r["loss"])
         assert r["state_after_a_step"] > 0
+
+
+def test_the_estimator_and_the_plan_follow_the_optimizer():
+    """Pure: wb.estimate counts Lion's and SGD's state as half of AdamW's, and wb.plan carries the optimizer
+    (and any other setting) of its `base` into every candidate."""
+    import workbench as wb
+
+    cfg = Config(model=wb.ModelConfig.preset("1b"), dp=8, zero=1, batch_size=8, seq_len=2048, precision="bf16")
+    adamw, lion, sgd = (wb.estimate(cfg.replace(optimizer=o), hardware="h100").memory.optimizer
+                        for o in ("adamw", "lion", "sgd"))
+    assert lion == sgd == adamw // 2
+    planned = wb.plan("1b", gpus=8, global_batch=16, base=Config(optimizer="lion"))
+    assert planned.best.config.optimizer == "lion"

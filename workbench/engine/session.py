@@ -64,9 +64,10 @@ def capabilities() -> dict[str, Any]:
     """What this rank's device can do, for validating a Config before it is sent."""
     device = rank.info.device
     if device.startswith("cuda"):
-        major, _ = torch.cuda.get_device_capability(device)
-        return {"device": device, "name": torch.cuda.get_device_name(device), "bf16": major >= 8, "fp16": True}
-    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True}
+        major, minor = torch.cuda.get_device_capability(device)
+        return {"device": device, "name": torch.cuda.get_device_name(device), "bf16": major >= 8, "fp16": True,
+                "fp8": (major, minor) >= (8, 9)}  # fp8 matmuls (torch._scaled_mm): Ada, Hopper and newer
+    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True, "fp8": False}
 
 
 def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh: bool = False) -> dict[str, Any]:

@@ -129,3 +129,18 @@ class CheckpointSave:
     """Chunk bytes this rank found in the store already (unchanged since an earlier checkpoint): not written."""
     error: str = ""
     """Why the save failed; "" when it committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compilation:
+    """One torch.compile compilation on one rank (Config.compile): sent when it starts (`end_ns` None: the status
+    line shows it in progress) and again when it ends, on the rank's clock (`time.monotonic_ns`, as `Interval`)."""
+
+    rank: int
+    compile_id: str
+    """Dynamo's id of the compiled frame ("0/0", "0/1": frame 0, its second variant after a recompile)."""
+    trigger: str
+    """"dynamo" (a forward traced and compiled), "lazy_backward" (its backward, at the first backward), or
+    "cudagraph_recording" (CUDA Graphs captured)."""
+    start_ns: int
+    end_ns: int | None = None
