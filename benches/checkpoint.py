@@ -102,7 +102,7 @@ def _costs(bench: wb.Workbench, preset: str, steps: int, every: int, scratch: Pa
 
 
 # -- async ----------------------------------------------------------------------------------------------------
-def background(scratch: Path, steps: int = 24, every: int = 6) -> None:
+def background(scratch: Path, steps: int = 18, every: int = 6) -> None:
     cfg = wb.Config(model=wb.ModelConfig.preset("small"), dp=2, batch_size=8, seq_len=128)
     saves: list[CheckpointSave] = []
     with wb.Workbench(2) as bench:
@@ -124,6 +124,7 @@ def background(scratch: Path, steps: int = 24, every: int = 6) -> None:
                 time.sleep(0.2)  # the last events cross after the result
                 if mode == "blocking":
                     blocking_hold += [(s.durable_ns - s.start_ns) / 1e9 for s in saves]
+                print(f"  ({mode} run {repeat + 1}: {walls[mode][-1]:.1f} s)", flush=True)
                 if mode == "background":
                     background_hold += [(s.staged_ns - s.start_ns) / 1e9 for s in saves]
                     durable += [(s.durable_ns - s.start_ns) / 1e9 for s in saves]

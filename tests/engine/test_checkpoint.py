@@ -110,17 +110,21 @@ def bench(pool):
         pool.run(drop)
 
 
+def trained_straight(pool, steps: int) -> list[float]:
+    """CFG trained `steps` steps straight through on `pool`, no save: what every resume must reproduce."""
+    if pool.broken:
+        pool.restart()
+    pool.run(drop)
+    bench = wb.Workbench(pool=pool, telemetry=False)
+    bench.apply(CFG)
+    losses = [m.loss for m in bench.train(steps).wait()]
+    pool.run(drop)
+    return losses
+
+
 @pytest.fixture(scope="module")
 def straight(_session_pool) -> list[float]:
-    """CFG trained 2·N steps straight through, no save: what every resume must reproduce."""
-    if _session_pool.broken:
-        _session_pool.restart()
-    _session_pool.run(drop)
-    bench = wb.Workbench(pool=_session_pool, telemetry=False)
-    bench.apply(CFG)
-    losses = [m.loss for m in bench.train(2 * N).wait()]
-    _session_pool.run(drop)
-    return losses
+    return trained_straight(_session_pool, 2 * N)
 
 
 # -- across layouts ---------------------------------------------------------------------------------------

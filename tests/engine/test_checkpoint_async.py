@@ -20,7 +20,7 @@ from workbench.engine.session import drop
 from workbench.pool import rank
 from workbench.telemetry.events import CheckpointSave
 
-from tests.engine.test_checkpoint import CFG, _session, _train
+from tests.engine.test_checkpoint import CFG, _session, _train, trained_straight
 
 ZERO3 = Config(dp=2, zero=3, batch_size=8, seq_len=64)
 """Sharded (DTensor) state: what DCP's stager must copy to host memory correctly."""
@@ -71,15 +71,7 @@ def wait_for(events: list, count: int) -> None:
 # -- tests --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def straight(_session_pool) -> list[float]:
-    """CFG trained 12 steps straight through, no save: what every resume must reproduce."""
-    if _session_pool.broken:
-        _session_pool.restart()
-    _session_pool.run(drop)
-    bench = wb.Workbench(pool=_session_pool, telemetry=False)
-    bench.apply(CFG)
-    losses = [m.loss for m in bench.train(12).wait()]
-    _session_pool.run(drop)
-    return losses
+    return trained_straight(_session_pool, 12)
 
 
 def test_training_goes_on_during_a_background_save_and_the_checkpoint_loads_bit_identically(pool, tmp_path):

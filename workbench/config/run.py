@@ -13,16 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import (
-    FP8,
-    ZERO_STAGES,
-    CompileBackend,
-    Compression,
-    Optimizer,
-    Precision,
-    Recompute,
-    Schedule,
-)
+from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, Optimizer, Precision
+from workbench.config.choices import Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse

@@ -31,20 +31,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import (
-    COMPILE_HELP,
-    COMPRESSION_HELP,
-    CUDA_GRAPHS_HELP,
-    FP8,
-    OFFLOAD_HELP,
-    OPTIMIZER_HELP,
-    PRECISION_HELP,
-    RECOMPUTE_HELP,
-    SCHEDULE_HELP,
-    ZERO_HELP,
-    Config,
-    divisors,
-)
+from workbench.config import COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP, OPTIMIZER_HELP
+from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, divisors
 
 Values = SimpleNamespace
 """What the inputs describe, by Config field name (`v.dp`, `v.model`), before Config validates it."""
