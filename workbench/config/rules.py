@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from workbench.config.choices import FP8
 from workbench.config.refusals import refuse
-from workbench.engine.parallel.schedule_grid import config_stages
+from workbench.schedules import config_stages
 
 if TYPE_CHECKING:
     from workbench.config.run import Config
