@@ -72,15 +72,16 @@ def die_while_saving(victim: int, where: str) -> None:
         ChunkWriter.write_data = write_then_die
     else:  # rank 0 has written the manifest, not yet the COMMIT
         from workbench import checkpoints
+        from workbench.checkpoints import write
 
-        real_synced = checkpoints._write_synced
+        real_synced = write._write_synced
 
         def die_before_commit(path, data):
             if path.name == checkpoints.COMMIT:
                 os.kill(os.getpid(), signal.SIGKILL)
             real_synced(path, data)
 
-        checkpoints._write_synced = die_before_commit
+        write._write_synced = die_before_commit
 
 
 def arm(victim: int, fault: str, ballast_mb: int = 0) -> None:
