@@ -43,7 +43,7 @@ SAVED_AT, THEN = 3, 3
 # Workbenches run with telemetry=False (but one): these tests are about training state, not measurements.
 CFG = Config(dp=2, batch_size=8, seq_len=64)
 """What the Workbench tests train: the real corpus, small batches."""
-N = 30
+N = 12
 
 
 # -- on the ranks ---------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_a_resume_in_a_new_workbench_is_bit_identical_to_training_straight_throu
         second = fresh.train(N).wait()
     assert [m.step for m in second] == list(range(N, 2 * N))
     assert [m.loss for m in first + second] == straight
-    print(f"60 losses bit-identical (last {straight[-1]:.6f})")
+    print(f"{2 * N} losses bit-identical (last {straight[-1]:.6f})")
 
 
 def test_one_process_continues_a_two_rank_zero3_checkpoint(bench, straight, tmp_path):

@@ -80,24 +80,18 @@ def _settled_inputs(compiled: Callable[..., torch.Tensor]) -> Callable[..., torc
     return forward
 
 
-_configured = False
-
-
 def _configure() -> None:
-    """Once per process: room for a session's layouts in dynamo's caches, and the compile events."""
-    global _configured
-    if _configured:
-        return
+    """Room for a session's layouts in dynamo's caches, and the compile events (registered again if
+    `torch._dynamo.reset()`, which clears every callback, ran since)."""
     import torch._dynamo
+    from torch._dynamo.callback import callback_handler
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    from torch._dynamo.callback import callback_handler
-
-    callback_handler.register_start_callback(_started)
-    callback_handler.register_end_callback(_ended)
-    _configured = True
+    if _started not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_started)
+        callback_handler.register_end_callback(_ended)
 
 
 _open: dict[str, int] = {}
