@@ -81,6 +81,7 @@ def _forget_compiled_code() -> None:
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # it empties the caches, so it compiles dp2 and tp2 again: 143 s on a loaded machine
 def test_a_reshard_recompiles_only_a_layout_not_seen_before(pool):
     """Back to a layout compiled before: nothing compiles (every block, old or new, passes the cached guards);
     a new one compiles what the cache cannot serve (tp=2: sharded heads, DTensors). The ranks' caches are emptied
