@@ -12,17 +12,17 @@ import itertools
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import weakref
 from typing import Any, Callable, Literal
 
 from workbench.pool import launch, protocol
+from workbench.pool.commands import Command, Handle
 from workbench.pool.errors import PoolError
-from workbench.pool.health import HEARTBEAT_S
-from workbench.pool.transport import Handle, Transport, _Command
+from workbench.pool.health import HEARTBEAT_S, Limits
+from workbench.pool.lifecycle import LocalRanks, rank_environment
+from workbench.pool.transport import Transport
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -83,7 +83,7 @@ class Pool:
         }
         # Local ranks reach the notebook through a unix socket in the private directory: no TCP port at all.
         endpoint = f"tcp://{bind}:{port}" if external else f"unix://{self._private_dir}/control.sock"
-        self._transport = Transport(self._key, endpoint, timeout_s, heartbeat_timeout_s,
+        self._transport = Transport(self._key, endpoint, Limits(timeout_s, heartbeat_timeout_s),
                                     on_output or _default_output, self._subscribers)
         self._finalizer = weakref.finalize(self, _cleanup, self._transport, self._private_dir)
         try:
@@ -106,19 +106,10 @@ class Pool:
         settings["threads"] = threads
         # Loopback only: gloo and NCCL then never listen on other interfaces.
         settings["env"].update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-                   PYTHONPATH=os.pathsep.join(filter(None, [launch.package_root(), os.environ.get("PYTHONPATH")])))
-        for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            env.pop(var, None)
-        procs: dict[int, subprocess.Popen] = {}
-        t.new_session(self.world_size, settings, procs)
-        for r in range(self.world_size):
-            procs[r] = subprocess.Popen(launch.local_worker_argv(t.address, self.key_file, r, self.world_size),
-                                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
-            for stream in ("stdout", "stderr"):
-                threading.Thread(target=_pump, args=(getattr(procs[r], stream), r, stream, t.on_output),
-                                 daemon=True, name=f"workbench-rank{r}-{stream}").start()
+        with t.lock:  # a rank that knocks at once must find its session
+            t.new_session(self.world_size, settings, None)
+            t.processes = LocalRanks(t.address, self.key_file, self.world_size, rank_environment(threads, {}),
+                                     t.on_output)
         self.wait_ready(self.start_timeout_s)
 
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -126,10 +117,10 @@ class Pool:
         t = self._transport
         if not t.all_ready.wait(timeout):
             missing = sorted(set(range(self.world_size)) - {r for r, l in t.ranks.items() if l.ready})
-            with t.owning():
+            with t.owner.owning():
                 t.break_pool(PoolError(f"ranks {missing} did not start within {timeout} s"))
         if t.startup_failure is not None:
-            with t.owning():
+            with t.owner.owning():
                 t.break_pool(t.startup_failure)
         if t.broken is not None:
             raise t.broken
@@ -160,12 +151,12 @@ class Pool:
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if self.external and not self._transport.all_ready.is_set():
             self.wait_ready(self.start_timeout_s)
-        command = _Command(next(self._ids), set(range(self.world_size)))
+        command = Command(next(self._ids), set(range(self.world_size)), getattr(fn, "__qualname__", repr(fn)))
         # The call travels as its own pickle inside the message, so a rank that cannot unpickle it (a module
         # it cannot import) answers with an error for this command instead of dying.
         call = protocol.dumps_code((fn, args, kwargs))
         self._transport.submit(command, {"type": "call", "id": command.id, "call": call})
-        return Handle(command, self.world_size, self._transport)
+        return Handle(command, self.world_size, self._transport.wait)
 
     def set_flag(self, name: str, value: Any) -> None:
         """Set `workbench.pool.rank.flag(name)` on every rank, even while a command is running."""
@@ -225,13 +216,6 @@ class Pool:
     def __repr__(self) -> str:
         state = f"broken: {self.broken_reason}" if self.broken else "healthy"
         return f"Pool(world_size={self.world_size}, device={self.device!r}, backend={self.backend!r}, {state})"
-
-
-def _pump(pipe, rank: int, stream: str, on_output: Callable[[int, str, str], None]) -> None:
-    """Forward what a local rank writes to its file descriptors (C++ warnings, crashes) to the notebook."""
-    for raw in iter(pipe.readline, b""):
-        on_output(rank, stream, raw.decode(errors="replace").rstrip("\n"))
-    pipe.close()
 
 
 def _cleanup(transport: Transport, private_dir: str) -> None:
