@@ -24,6 +24,7 @@ from workbench.pool.commands import Command, CommandTable
 from workbench.pool.errors import PoolBroken, RemoteError
 from workbench.pool.handshake import Gatekeeper
 from workbench.pool.owner import SocketOwner
+from workbench.pool.ratelimit import RateLimitedLog
 from workbench.pool.roster import RankState
 from workbench.pool.switchboard import Peer, Switchboard
 
@@ -53,6 +54,7 @@ class Transport:
         self.next_health = 0.0
         self.outbox: collections.deque = collections.deque()
         self.rejected_messages = 0
+        self.warnings = RateLimitedLog(log)
         self.new_session(world_size=0, settings={}, processes=None)
         self.owner = SocketOwner(self._serve, self.board.wake)
         self.owner.start()
@@ -170,6 +172,8 @@ class Transport:
 
     # -- messages -----------------------------------------------------------------------------------
     def _receive(self, peer: Peer, blob: bytes) -> None:
+        if peer not in self.board.peers:
+            return  # a stranger closed earlier in this round: the rest of what it sent is not read
         if blob.startswith(protocol.KNOCK):
             return self._answer_knock(peer, blob)
         try:
@@ -181,14 +185,16 @@ class Transport:
             rank = int(rank_part[1:])
         except (protocol.Rejected, ValueError) as e:
             self.rejected_messages += 1
-            log.warning("workbench pool dropped a message from %s: %s",
-                        peer.name.decode() if peer.name else "a new connection", e)
+            self.warnings.warning("workbench pool dropped a message from %s: %s",
+                                  peer.name.decode() if peer.name else "a new connection", e)
+            if peer.name is None:
+                self.board.hang_up(peer)  # a stranger gets one try: a flood costs it a connection per frame
             return
         if peer.name is None:
             self.board.bind(peer, ident)
         with self.lock:
             if msg.get("type") == "hello":
-                return self._register(ident, rank, incarnation, msg)
+                return self._register(peer, ident, rank, incarnation, msg)
             link = self.ranks.get(rank)
             if link is None or link.incarnation != incarnation:
                 return  # a rank from an earlier life of this session: ignore it
@@ -197,22 +203,28 @@ class Transport:
             self._dispatch(link, msg)
 
     def _answer_knock(self, peer: Peer, blob: bytes) -> None:
-        with self.lock:
-            welcome = self.gate.answer(blob) if peer.name is None else None
-            if welcome is None:
-                self.rejected_messages += 1
-                return
-            self.board.reply(peer, welcome)
-
-    def _register(self, ident: bytes, rank: int, incarnation: str, msg: dict) -> None:
-        if not self.gate.admit(ident, msg):
+        if peer.name is not None:
             self.rejected_messages += 1
-            log.warning("workbench pool: hello from %r without our challenge; dropped", ident)
+            return
+        with self.lock:
+            peer.pending, welcome = self.gate.answer(peer.pending, blob)
+        if welcome is None:  # malformed, for a rank this session does not have, or one knock too many
+            self.rejected_messages += 1
+            self.board.hang_up(peer)
+            return
+        self.board.reply(peer, welcome)
+
+    def _register(self, peer: Peer, ident: bytes, rank: int, incarnation: str, msg: dict) -> None:
+        pending, peer.pending = peer.pending, None
+        if not self.gate.admit(pending, ident, msg):
+            self.rejected_messages += 1
+            self.warnings.warning("workbench pool: hello from %r without our challenge; dropped", ident)
             return
         pid = self.processes.pid(rank) if self.processes is not None else None
         if pid is not None and pid != msg["pid"]:
             self.rejected_messages += 1
-            log.warning("workbench pool: rank %d says pid %s but we started pid %s; dropped", rank, msg["pid"], pid)
+            self.warnings.warning("workbench pool: rank %d says pid %s but we started pid %s; dropped",
+                                  rank, msg["pid"], pid)
             return
         self.ranks[rank] = RankState(rank, incarnation, ident, msg["pid"], msg["host"], local=pid is not None)
         # Only now, to a rank that proved it holds the key: how to start (environment, store, threads).

@@ -32,7 +32,7 @@ import time
 import traceback
 from typing import Any
 
-from workbench.pool import protocol, rank as rank_api, wire
+from workbench.pool import handshake, protocol, rank as rank_api, wire
 from workbench.pool.launch import read_key_file
 
 CONNECT_TIMEOUT_S = 60.0
@@ -97,7 +97,7 @@ class Worker:
         self.local_rank, self.local_world_size, self.local = local_rank, local_world_size, local
         self.incarnation = secrets.token_hex(8)
         self.address, self.key = address, key
-        self.main = _Link(address, key, f"r{rank}:{self.incarnation}:main")
+        self.main: _Link | None = None  # connected by the handshake
         self.io: _Link | None = None  # connected once the handshake has given us the session
         self.main_thread = threading.get_ident()
         self.parent_pid = os.getppid()
@@ -111,17 +111,31 @@ class Worker:
 
         The welcome is signed, so it proves the driver holds the key; our hello
         echoes its challenge, signed, which proves we do. Only then does the
-        driver tell us how to start.
+        driver tell us how to start. A connection the driver closes before we
+        proved ourselves (it closes strangers when too many crowd in, e.g. in a
+        flood) is replaced by a new one, until `timeout_s` has passed.
         """
-        try:
-            self._handshake(timeout_s)
-        except (EOFError, OSError) as e:
-            raise SystemExit(f"workbench worker rank {self.rank}: the notebook hung up during the handshake ({e})")
-
-    def _handshake(self, timeout_s: float) -> None:
-        nonce = secrets.token_hex(16)
-        knock = protocol.KNOCK + f" {self.rank} {self.incarnation} {nonce}".encode()
         deadline = time.monotonic() + timeout_s
+        problem = "no answer from the driver at the given address"
+        while time.monotonic() < deadline:
+            if self.local and os.getppid() != self.parent_pid:
+                raise SystemExit(f"workbench worker rank {self.rank}: the notebook is gone")
+            try:
+                if self.main is None:
+                    self.main = _Link(self.address, self.key, f"r{self.rank}:{self.incarnation}:main")
+                if self._handshake(deadline):
+                    return
+            except (EOFError, OSError) as e:
+                problem = f"the notebook hung up during the handshake ({e})"
+                if self.main is not None:
+                    self.main.sock.close()
+                self.main = None
+                time.sleep(0.05)
+        raise SystemExit(f"workbench worker rank {self.rank}: {problem}")
+
+    def _handshake(self, deadline: float) -> bool:
+        nonce = secrets.token_hex(16)
+        knock = handshake.knock(self.rank, self.incarnation, nonce)
         while time.monotonic() < deadline:
             wire.send_all(self.main.sock, knock)
             blob = self.main.reader.next(0.5)  # re-knock now and then: a driver between sessions drops knocks
@@ -143,8 +157,8 @@ class Worker:
                     self.settings = msg["settings"]
                     self.io = _Link(self.address, self.key, f"r{self.rank}:{self.incarnation}:io",
                                     self.main.verifier.session)
-                    return
-        raise SystemExit(f"workbench worker rank {self.rank}: no answer from the driver at the given address")
+                    return True
+        return False
 
     # -- output and messages -------------------------------------------------------------------
     def send_output(self, stream: str, line: str) -> None:
@@ -168,14 +182,17 @@ class Worker:
     def _serve_io(self) -> None:
         interval = self.settings["heartbeat_s"]
         orphan_after = self.settings["orphan_timeout_s"]
-        next_beat = 0.0
+        # Our first message is a heartbeat, and nothing else goes out until the driver has answered on this
+        # connection: until it has bound the connection to us, it takes only small frames from it.
+        self.io.send({"type": "heartbeat", "cpu_s": time.process_time()})
+        next_beat, heard = time.monotonic() + interval, False
         while True:
             msg = self.io.recv(timeout_ms=int(interval * 250))
             now = time.monotonic()
             if msg is not None:
-                self.last_driver_contact = now
+                self.last_driver_contact, heard = now, True
                 self.handle_control(msg)
-            while not self.other_output.empty():
+            while heard and not self.other_output.empty():
                 self.io.send(self.other_output.get())
             if now >= next_beat:
                 self.io.send({"type": "heartbeat", "cpu_s": time.process_time()})
