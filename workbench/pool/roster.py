@@ -35,6 +35,9 @@ class RankState:
     diagnostics: dict[str, Any] | None = None
     """What its diagnostic providers said, when asked where it is (see `workbench.pool.rank.add_diagnostic`)."""
     disconnected_at: float | None = None
+    ready_at: float | None = None
+    timeline: dict[str, float] = field(default_factory=dict)
+    """When each step of its start happened, by its own clock (time.monotonic: the machine's, for local ranks)."""
 
     def cpu_rate(self, window_s: float = 1.0) -> float | None:
         """Cores used over about the last second, from heartbeat CPU stamps; None if too few stamps."""

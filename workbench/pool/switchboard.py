@@ -58,7 +58,7 @@ class Peer:
 
 
 class Switchboard:
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, warnings: RateLimitedLog | None = None) -> None:
         self.listener, self.address = wire.listen(endpoint)
         self.wake_rx, self.wake_tx = socket.socketpair()
         self.wake_rx.setblocking(False)
@@ -70,7 +70,7 @@ class Switchboard:
         self.routes: dict[bytes, Peer] = {}
         self.refused = 0  # connections closed for sending too much before proving themselves, or for crowding
         self.hung_up: list[bytes] = []  # names whose connection closed since the last poll
-        self.warnings = RateLimitedLog(log)
+        self.warnings = warnings or RateLimitedLog(log)
         self.next_sweep = 0.0
 
     def wake(self) -> None:

@@ -38,6 +38,8 @@ class Processes(Protocol):
 
     def exit_codes(self) -> dict[int, int | None]: ...
 
+    def sample(self, rank: int) -> health.ProcessSample | None: ...
+
     def stop(self, grace_s: float) -> None: ...
 
 
@@ -45,16 +47,17 @@ class Transport:
     """The switchboard, the session's state, and what the messages do to it."""
 
     def __init__(self, key: bytes, endpoint: str, limits: health.Limits,
-                 on_output: Callable[[int, str, str], None], subscribers: list) -> None:
-        self.key, self.limits = key, limits
+                 on_output: Callable[[int, str, str], None], subscribers: list,
+                 explain: health.Explain | None = None) -> None:
+        self.key, self.limits, self.explain = key, limits, explain
         self.on_output, self.subscribers = on_output, subscribers
-        self.board = Switchboard(endpoint)
+        self.warnings = RateLimitedLog(log)  # one budget of lines for everything strangers make us say
+        self.board = Switchboard(endpoint, self.warnings)
         self.address = self.board.address
         self.lock = threading.RLock()  # guards the session state below, briefly; never held while polling
         self.next_health = 0.0
         self.outbox: collections.deque = collections.deque()
         self.rejected_messages = 0
-        self.warnings = RateLimitedLog(log)
         self.new_session(world_size=0, settings={}, processes=None)
         self.owner = SocketOwner(self._serve, self.board.wake)
         self.owner.start()
@@ -156,8 +159,13 @@ class Transport:
                 for link in self.ranks.values():
                     if link.io_id is not None:
                         self._send_now(link.io_id, {"type": "ping"})
-            exits = self.processes.exit_codes() if self.processes is not None else {}
-            verdict = health.judge(self.ranks, exits, self.commands.values(), now, self.limits, self.asked_at)
+            exits, samples = {}, {}
+            if self.processes is not None:
+                exits = self.processes.exit_codes()
+                samples = {r: s for r in health.silent(self.ranks, now, self.limits)
+                           if (s := self.processes.sample(r)) is not None}
+            verdict = health.judge(self.ranks, exits, samples, self.commands.values(), now, self.limits,
+                                   self.asked_at, self.explain)
             if isinstance(verdict, health.Healthy):
                 self.asked_at = None
             elif isinstance(verdict, health.AskWhere):
@@ -236,6 +244,9 @@ class Transport:
             link.last_heartbeat = now
             link.cpu.append((now, msg["cpu_s"]))
             return
+        if kind == "stack":  # an answer to "where are you?" from the I/O thread: no sign of progress
+            link.stack, link.diagnostics = msg["stack"], msg.get("diagnostics")
+            return
         link.last_activity = now
         if kind == "output":
             self.on_output(link.rank, msg["stream"], msg["line"])
@@ -249,10 +260,9 @@ class Transport:
             if link.outstanding and link.outstanding[0] == msg["id"]:
                 link.outstanding.popleft()
             self.commands.answer(link.rank, msg)
-        elif kind == "stack":
-            link.stack = msg["stack"]
         elif kind == "ready":
             link.ready, link.device, link.backend = True, msg["device"], msg["backend"]
+            link.ready_at, link.timeline = now, msg.get("timeline", {})
             if len(self.ranks) == self.world_size and all(r.ready for r in self.ranks.values()):
                 self.all_ready.set()
         elif kind == "failed":
