@@ -17,10 +17,17 @@ import workbench as wb
 from tests.pool import rank_fns
 
 
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_gone(pids, timeout_s):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if _alive(p)]
         if not alive:
             return []
         time.sleep(0.05)
@@ -189,3 +196,11 @@ def test_the_next_pool_sweeps_private_folders_of_dead_drivers(tmp_path):
     other.mkdir()
     assert sorted(private_dir.sweep(str(tmp_path))) == sorted([str(stale), str(recycled)])
     assert live.exists() and other.exists()
+
+
+def test_a_rank_that_cannot_prepare_reports_why_and_leaves_nothing_running():
+    # Preparation (imports, warm-up) happens before a local rank connects; its failure still reaches the notebook.
+    with pytest.raises(wb.RemoteError) as info:
+        wb.Pool(1, device="cpu", preload=("a_module_that_does_not_exist",), standby=False)
+    assert info.value.exc_type == "StartupError" and "a_module_that_does_not_exist" in str(info.value)
+    assert "import_module" in info.value.remote_traceback

@@ -209,11 +209,18 @@ def _where(links: list[RankState], limits: Limits) -> str:
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n(?P<code> {4}\S[^\n]*\n)?')
 
 
-def _frames(stack: str, innermost: int = 6) -> list[str]:
-    """A formatted stack's innermost frames, one line each: `function (file:line): code`."""
-    frames = [f"{m['fn']} ({Path(m['file']).name}:{m['line']}): {(m['code'] or '').strip()}"
+def _frames(stack: str, shown: int = 6) -> list[str]:
+    """A formatted stack as one line per frame (`function (file:line): code`), from the command the rank runs
+    (frames of the worker's own loop left out): its outermost frames and its innermost, where it waits."""
+    frames = [(m["fn"], f"{m['fn']} ({Path(m['file']).name}:{m['line']}): {(m['code'] or '').strip()}")
               for m in _FRAME.finditer(stack)]
-    return frames[-innermost:] if frames else stack.rstrip().splitlines()[-innermost:]
+    if not frames:
+        return stack.rstrip().splitlines()[-shown:]
+    loop = max((i for i, (fn, _) in enumerate(frames) if fn == "command_loop"), default=-1)
+    lines = [line for _, line in frames[loop + 1:]] or [line for _, line in frames]
+    if len(lines) > shown:
+        lines = lines[:2] + [f"... {len(lines) - shown + 1} frames ..."] + lines[-(shown - 3):]
+    return lines
 
 
 def _diagnostics(links: list[RankState]) -> dict[int, dict[str, Any]]:

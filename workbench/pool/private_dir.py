@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 PREFIX = "workbench-"
@@ -63,14 +64,33 @@ def sweep(root: str | None = None) -> list[str]:
     return removed
 
 
-def remove_if_driver_gone(path: str | None, driver_pid: int) -> None:
-    """Called by a local rank on its way out: if its driver died (the rank's parent changed), nobody else will
-    remove the driver's folder now."""
-    if not path or os.getppid() == driver_pid:
+def remove_if_driver_gone(path: str | None, driver_pid: int, wait_s: float = 1.0) -> None:
+    """Called by a local rank on its way out: if its driver died, nobody else will remove the driver's folder now.
+
+    A rank can see its connection or stdin end while the driver is still exiting (its files close before it
+    is gone): so the driver counts as dead once this rank's parent changed or the driver is a zombie, looked
+    at for up to `wait_s`.
+    """
+    if not path:
         return
+    deadline = time.monotonic() + wait_s
+    while not _driver_gone(driver_pid):
+        if time.monotonic() >= deadline:
+            return  # alive: it closed on us on purpose, and removes its folder itself
+        time.sleep(0.01)
     try:
         owner = int((Path(path) / OWNER_FILE).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return
     if owner == driver_pid:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _driver_gone(driver_pid: int) -> bool:
+    if os.getppid() != driver_pid:
+        return True
+    try:
+        state = Path(f"/proc/{driver_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")

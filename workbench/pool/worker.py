@@ -111,6 +111,7 @@ class Worker:
         self.settings: dict[str, Any] = {}
         self.private_dir = private
         """The pool's private folder (local ranks): removed on the way out if the driver died."""
+        self.prepare_traceback = ""
         self.timeline: dict[str, float] = {}
         """When each step of this rank's start happened (time.monotonic, shared by the machine's processes)."""
 
@@ -252,24 +253,32 @@ class Worker:
 
         A failure is kept, not raised: the rank still joins its session, to report it with its traceback.
         """
+        go = threading.Event()
+        threading.Thread(target=self._watch_stdin, args=(go,), name="workbench-stdin", daemon=True).start()
         lowered = world.lower_priority() if nice else None
         try:
             prepared: world.Prepared | BaseException = world.prepare(prepare, self.local_rank, self.local_world_size)
         except Exception as e:  # noqa: BLE001 - reported once the rank has joined
-            e.report = traceback.format_exc()  # type: ignore[attr-defined]
+            self.prepare_traceback = traceback.format_exc()
             prepared = e
         else:
             self.timeline.update(prepared.marks)
         self.timeline["prepared"] = time.monotonic()
         sys.__stdout__.write(PREPARED + "\n")
         sys.__stdout__.flush()
-        if not sys.stdin.buffer.readline():  # the pool closed our stdin: it does not need us (or it died)
-            private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
-            os._exit(0)
+        go.wait()
         self.timeline["go"] = time.monotonic()
         if lowered is not None:
             world.restore_priority(lowered)
         return prepared
+
+    def _watch_stdin(self, go: threading.Event) -> None:
+        """The pool's word to connect comes on stdin, and stdin's end means the pool no longer needs this process
+        (or its driver died): then it exits at once, even in the middle of preparing."""
+        while sys.stdin.buffer.readline():
+            go.set()
+        private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+        os._exit(0)
 
     def serve(self, prepare: dict[str, Any] | None = None, nice: bool = False) -> None:
         prepared = self.stand_by(prepare, nice) if prepare is not None else None
@@ -287,7 +296,7 @@ class Worker:
                 self.timeline.update(prepared.marks, prepared=time.monotonic())
             if isinstance(prepared, BaseException):
                 self.main.send({"type": "failed", "message": f"{type(prepared).__name__}: {prepared}",
-                                "traceback": getattr(prepared, "report", "")})
+                                "traceback": self.prepare_traceback})
                 raise SystemExit(1)
             world.join(prepared, self.settings, self.rank, self.world_size, self.local_rank)
         except SystemExit:
