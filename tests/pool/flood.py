@@ -5,8 +5,9 @@
     python -m tests.pool.flood ADDRESS churn --seconds 5
 
 knocks: knock frames padded to `size` bytes (a huge nonce), never reading an answer; forged: frames shaped like
-signed messages but with a MAC of another key; churn: connect, knock, hang up, as fast as it can. It reconnects
-whenever the pool closes a connection, and prints one JSON line of what it sent. Loopback or a unix socket only.
+signed messages but with a MAC of another key; churn: connect, knock, hang up, as fast as it can; spin: a busy
+loop that never connects (the baseline for a flood's CPU). It reconnects whenever the pool closes a connection,
+prints "flooding" once under way and one JSON line of what it sent. Loopback or a unix socket only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def flood(address: str, kind: str, count: int, size: int, seconds: float) -> dic
     deadline = time.monotonic() + seconds
     sent = connections = closed = 0
     sock = None
+    print("flooding", flush=True)  # for whoever waits for the flood to be under way
     while sent < count and time.monotonic() < deadline:
         if sock is None:
             sock = _connect(address)
@@ -61,11 +63,17 @@ def flood(address: str, kind: str, count: int, size: int, seconds: float) -> dic
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("address")
-    p.add_argument("kind", choices=["knocks", "forged", "churn"])
+    p.add_argument("kind", choices=["knocks", "forged", "churn", "spin"])
     p.add_argument("--count", type=int, default=10**9)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--seconds", type=float, default=60.0)
     a = p.parse_args()
+    if a.kind == "spin":  # the baseline: as busy as a flood, without touching the pool
+        print("flooding", flush=True)
+        deadline = time.monotonic() + a.seconds
+        while time.monotonic() < deadline:
+            pass
+        return
     print(json.dumps(flood(a.address, a.kind, a.count, a.size, a.seconds)), flush=True)
 
 
