@@ -7,6 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No warm standby for the pools tests make (each would prepare a second set of ranks on 2 busy cores); the tests
+# of restart and recovery, and the shared 2-rank pool that tests break and restart, ask for one.
+os.environ.setdefault("WORKBENCH_STANDBY", "0")
 
 
 def _cuda_available() -> bool:
@@ -26,11 +29,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def _start_pool(world_size: int):
+def _start_pool(world_size: int, standby: bool = False):
     import workbench as wb
 
     # The recording backend, as a Workbench runs it: every collective of every test goes through it.
-    return wb.Pool(world_size, device="cpu", timeout_s=180, backend_setup="workbench.telemetry.comm:register")
+    return wb.Pool(world_size, device="cpu", timeout_s=180, backend_setup="workbench.telemetry.comm:register",
+                   standby=standby)
 
 
 def _healthy(pool):
@@ -42,7 +46,7 @@ def _healthy(pool):
 
 @pytest.fixture(scope="session")
 def _session_pool():
-    with _start_pool(2) as pool:
+    with _start_pool(2, standby=True) as pool:  # tests break it often: restarts take the standby
         yield pool
 
 

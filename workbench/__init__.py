@@ -10,13 +10,13 @@ from workbench.config import Config, ConfigError, ModelConfig
 from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware
 from workbench.plan import Plan, plan
-from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RemoteError, WorkerDied
+from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RankFrozen, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.store import LayoutChange
 from workbench.workbench import Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
-           "RemoteError", "CollectiveTimeout", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
+           "RemoteError", "CollectiveTimeout", "RankFrozen", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
            "Hardware", "plan", "Plan"]
 __version__ = "0.1.0"
 

@@ -50,6 +50,17 @@ class RankSession:
 
         return self.pool.run_async(session.train, steps, run_id, saves)
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every rank's part of the training state, for the notebook to hold (`workbench.recovery`)."""
+        from workbench.engine import session
+
+        return self.pool.run(session.snapshot)
+
+    def restore(self, snapshot: list[dict[str, Any]]) -> int:
+        from workbench.engine import session
+
+        return self.pool.run(session.restore, snapshot)[0]
+
     def save(self, directory: str, keep: int | None, nonce: str) -> str:
         from workbench.engine import session
 
@@ -86,6 +97,8 @@ class Run:
 
     def stop(self, timeout: float | None = None) -> list[StepMetrics]:
         """End the run at the next step boundary, every rank at the same step; returns what ran."""
+        if hasattr(self._handle, "stop"):  # a run that recovers by itself: no new chunk either
+            self._handle.stop()
         self._bench.pool.set_flag("stop", self.id)
         return self.wait(timeout)
 
@@ -173,22 +186,36 @@ class Workbench:
 
     # -- train -----------------------------------------------------------------------------------
     def train(self, steps: int = 100, *, save_every: int | None = None, save_to: str | Path | None = None,
-              keep: int | None = None, async_save: bool = False) -> Run:
+              keep: int | None = None, async_save: bool = False, recover: bool = False, snapshot_every: int = 10,
+              max_failures: int = 3) -> Run:
         """Start training for `steps` steps in the background; returns a Run at once.
 
         save_every=N, save_to="ckpt/": also save a checkpoint every N steps, keeping the last `keep`.
         async_save=True: each save copies the state to host memory and training goes on while it is written
         (the run ends once the last one is durable).
+        recover=True: when a rank dies, freezes or hangs, restart the pool, rebuild the layout, restore the
+        latest in-memory snapshot (taken every `snapshot_every` steps) and go on, the same losses as without the
+        failure; `store.recoveries` records each one. It gives up after `max_failures` failures in a row
+        without a completed chunk between them. See workbench/recovery.py.
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ConfigError(f"steps: must be a positive integer, got {steps!r}. Fix: pass e.g. steps=100.")
+        if recover and (isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1):
+            raise ConfigError(f"snapshot_every: must be a positive integer, got {snapshot_every!r}. "
+                              "Fix: pass e.g. snapshot_every=10.")
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
         saves = checkpoints.schedule(save_every, save_to, keep, async_save)
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
         run_id = secrets.token_hex(8)
-        self._run = Run(self, self.session.train(steps, run_id, saves), run_id, steps)
+        if recover:
+            from workbench.recovery import RecoveringRun
+
+            handle: Any = RecoveringRun(self, steps, run_id, saves, snapshot_every, max_failures)
+        else:
+            handle = self.session.train(steps, run_id, saves)
+        self._run = Run(self, handle, run_id, steps)
         return self._run
 
     @property
@@ -270,7 +297,8 @@ class Workbench:
     def restart(self) -> None:
         """Restart every rank (after a failure); the model is rebuilt in the current layout, untrained.
 
-        Load a checkpoint afterwards to continue where training was.
+        Load a checkpoint afterwards to continue where training was. The pool's warm standby (ranks started
+        ahead) makes this about a second; `train(recover=True)` does all of it by itself.
         """
         self.pool.restart()
         self._capabilities = self.session.capabilities()

@@ -130,3 +130,48 @@ def echo_with_rank(payload):
     import torch.distributed as dist
 
     return dist.get_rank(), payload
+
+
+def hold_the_gil(at_least_s):
+    """C code that holds the GIL (sum over a range never yields it): the heartbeat thread cannot run meanwhile.
+    Calibrated on this machine so it lasts at least `at_least_s`; returns how long it held the GIL."""
+    n = 10**6
+    while True:
+        t = time.perf_counter()
+        sum(range(n))
+        took = time.perf_counter() - t
+        if took >= at_least_s:
+            return took
+        n = int(n * min(8.0, 1.5 * at_least_s / max(took, 1e-4)))
+
+
+def busy_for(seconds, kind):
+    """Long compute that leaves the GIL to other threads: torch matmuls (released in the kernel) or a Python
+    loop (the interpreter hands the GIL over every 5 ms)."""
+    import torch
+
+    deadline = time.monotonic() + seconds
+    a = torch.randn(256, 256)
+    n = 0
+    while time.monotonic() < deadline:
+        if kind == "matmul":
+            a = torch.tanh(a @ a)
+        else:
+            n = (n * 31 + 7) % 1000003
+    return kind
+
+
+def sleep_or_wait(sleeper, seconds):
+    """Rank `sleeper` sleeps in Python (alive, idle, beating); the others wait for it in an all_reduce."""
+    if rank.get_rank() == sleeper:
+        time.sleep(seconds)
+    return all_reduce_sum(1)
+
+
+def add_fake_provider():
+    """A diagnostic provider like the telemetry's flight recorder: what this rank last did, in a sentence."""
+    rank.add_diagnostic("last collective", lambda: f"rank {rank.get_rank()}: all_reduce #41 of world, waiting")
+
+
+def remove_fake_provider():
+    rank.remove_diagnostic("last collective")

@@ -1,7 +1,7 @@
 """What a rank keeps between notebook cells: the trainer, and the commands the Workbench sends.
 
 Each command here (`capabilities`, `apply`, `train`, `save`, `load`,
-`next_step`) runs on every rank at once through `Pool.run`. The session lives
+`next_step`, `snapshot`, `restore`) runs on every rank at once through `Pool.run`. The session lives
 in the rank's state, so a model keeps training across cells and across layout
 changes until the pool restarts; `current()` is the one way to reach it.
 """
@@ -138,3 +138,25 @@ def load(path: str, saved: dict[str, Any]) -> dict[str, Any]:
 
 def next_step() -> int:
     return current().next_step
+
+
+def snapshot() -> dict[str, Any]:
+    """The session's training state for the notebook to hold (a run that recovers by itself): rank 0 sends the
+    model, optimizer, loss scale and counters as full CPU tensors (the same on every rank), every rank its data
+    position and random generators."""
+    session = current()
+    with rank.unchecked():
+        state = export_full_state(session.trainer)
+    return {"next_step": session.next_step, "rng": checkpoint.rng_state(session.trainer.device),
+            "state": state if rank.get_rank() == 0 else None}
+
+
+def restore(snapshots: list[dict[str, Any]]) -> int:
+    """Load what `snapshot` gave on every rank (in rank order) into the current trainer; returns the next step."""
+    session = current()
+    mine = snapshots[rank.get_rank()]
+    with rank.unchecked():
+        import_full_state(session.trainer, snapshots[0]["state"])
+    checkpoint.set_rng_state(mine["rng"], session.trainer.device)
+    session.next_step = mine["next_step"]
+    return session.next_step

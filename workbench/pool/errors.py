@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-
+from typing import Any
 
 
 class PoolError(RuntimeError):
@@ -37,12 +37,29 @@ class RemoteError(PoolError):
 
 
 class CollectiveTimeout(PoolError):
-    """Ranks made no progress for the pool's timeout: stuck in a collective or in user code."""
+    """Ranks made no progress for the pool's timeout: stuck in a collective or in user code, but alive."""
 
-    def __init__(self, rank: int, timeout_s: float, ranks: list[int], detail: str) -> None:
+    def __init__(self, rank: int, timeout_s: float, ranks: list[int], detail: str,
+                 diagnostics: dict[int, dict[str, Any]] | None = None, explanation: str | None = None) -> None:
         self.rank, self.timeout_s, self.ranks = rank, timeout_s, ranks
-        super().__init__(f"rank {rank} made no progress for {timeout_s:g} s (ranks stuck: {ranks}).\n{detail}\n"
-                         "The pool was stopped; call restart() for a fresh pool.")
+        self.diagnostics = diagnostics or {}
+        """What each rank's diagnostic providers said (`workbench.pool.rank.add_diagnostic`), by rank."""
+        summary = f"{explanation}\n" if explanation else ""
+        super().__init__(f"rank {rank} made no progress for {timeout_s:g} s (ranks stuck: {ranks}).\n{summary}"
+                         f"{detail}\nThe pool was stopped; call restart() for a fresh pool.")
+
+
+class RankFrozen(PoolError):
+    """A rank stopped answering: no heartbeat, and its process stopped or asleep without using any CPU."""
+
+    def __init__(self, rank: int, silent_s: float, how: str, doing: str, detail: str,
+                 diagnostics: dict[int, dict[str, Any]] | None = None, explanation: str | None = None) -> None:
+        self.rank, self.silent_s = rank, silent_s
+        self.diagnostics = diagnostics or {}
+        """What the other ranks' diagnostic providers said, by rank (a frozen rank cannot answer)."""
+        summary = f"{explanation}\n" if explanation else ""
+        super().__init__(f"rank {rank} is not responding: no heartbeat for {silent_s:.1f} s and {how}; it was "
+                         f"running {doing}.\n{summary}{detail}\nThe pool was stopped; call restart() for a fresh pool.")
 
 
 class PoolBroken(PoolError):

@@ -8,21 +8,23 @@ are ended (no orphans), even without close().
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import os
 import secrets
 import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import weakref
 from typing import Any, Callable, Literal
 
-from workbench.pool import launch, protocol
+from workbench.pool import launch, private_dir, protocol
+from workbench.pool.commands import Command, Handle
 from workbench.pool.errors import PoolError
-from workbench.pool.health import HEARTBEAT_S
-from workbench.pool.transport import Handle, Transport, _Command
+from workbench.pool.health import HEARTBEAT_S, Explain, Limits
+from workbench.pool.lifecycle import LocalRanks, Standby, StandbyInfo, rank_environment
+from workbench.pool.transport import Transport
+from workbench.pool.world import PREPARE_KEYS
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -43,7 +45,14 @@ class Pool:
 
     timeout_s: a rank that runs a command without any sign of progress (a
     result, an event, printed output or `rank.progress()`) for this long is
-    declared stuck: `CollectiveTimeout`. check_collectives: ranks compare
+    declared stuck: `CollectiveTimeout` (a rank waiting in a collective is
+    alive: only this tells). frozen_after_s: a local rank whose heartbeats
+    stop for this long has its process looked at; stopped (SIGSTOP, a
+    debugger) or asleep without using CPU, it is `RankFrozen` at once, while a
+    rank busy in C code that holds the GIL is left to `timeout_s` (see
+    health.py). explain: given every answering rank's diagnostics
+    (`rank.add_diagnostic`), a line that sums them up at the top of those two
+    errors (e.g. which rank waits in which collective). check_collectives: ranks compare
     each collective that user code issues on the world group before running
     it, so mismatched ops or shapes fail at once on every rank (a
     `CollectiveMismatch` naming what each rank called) instead of hanging
@@ -52,7 +61,12 @@ class Pool:
     not torch's TORCH_DISTRIBUTED_DEBUG=DETAIL, which env= can still set).
     backend_setup: "module:function" run on every rank before the world
     starts; it returns the torch.distributed backend name to use (the
-    Workbench passes its recording backend this way).
+    Workbench passes its recording backend this way). standby: keep the next
+    session's local ranks spawned and prepared (torch and `preload`
+    imported, idle, using no CPU), so that `restart()` only has to connect
+    them (about a second instead of a cold start); they cost the memory of
+    one more set of idle ranks (`pool.standby` shows it), so False turns it
+    off on tight machines (None: on, unless $WORKBENCH_STANDBY is 0).
     """
 
     def __init__(self, world_size: int, *, device: Device = "auto", timeout_s: float = 300.0,
@@ -60,22 +74,26 @@ class Pool:
                  port: int = 0, external: bool = False, key_file: str | None = None,
                  heartbeat_timeout_s: float = 10.0, start_timeout_s: float = 120.0, preload: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, on_output: Callable[[int, str, str], None] | None = None,
-                 backend_setup: str | None = None) -> None:
+                 backend_setup: str | None = None, frozen_after_s: float = 2.0,
+                 explain: Explain | None = None, standby: bool | None = None) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size: must be a positive integer, got {world_size!r}")
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: {device!r} is not one of 'auto', 'cpu', 'cuda'")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s: must be positive, got {timeout_s}")
+        for name, value in (("timeout_s", timeout_s), ("frozen_after_s", frozen_after_s),
+                            ("heartbeat_timeout_s", heartbeat_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name}: must be positive, got {value}")
         if external and key_file is None:
             key_file = os.path.expanduser("~/.workbench/pool.key")
-        self.world_size, self.device_request, self.timeout_s = world_size, device, timeout_s
+        self.world_size, self.device_request = world_size, device
         self.external, self.start_timeout_s = external, start_timeout_s
-        self._private_dir = tempfile.mkdtemp(prefix="workbench-")  # mode 0700: store and key live here
+        self._private_dir = private_dir.create()  # mode 0700: socket, store and key live here
         self.key_file = key_file or os.path.join(self._private_dir, "pool.key")
         self._key = launch.write_key_file(self.key_file)
         self._subscribers: list = []
         self._ids = itertools.count(1)
+        threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
         self._settings_base = {
             "device": device, "heartbeat_s": HEARTBEAT_S, "orphan_timeout_s": heartbeat_timeout_s,
             "pg_timeout_s": 2 * timeout_s + 30, "threads": threads_per_rank, "preload": list(preload),
@@ -83,9 +101,22 @@ class Pool:
         }
         # Local ranks reach the notebook through a unix socket in the private directory: no TCP port at all.
         endpoint = f"tcp://{bind}:{port}" if external else f"unix://{self._private_dir}/control.sock"
-        self._transport = Transport(self._key, endpoint, timeout_s, heartbeat_timeout_s,
-                                    on_output or _default_output, self._subscribers)
-        self._finalizer = weakref.finalize(self, _cleanup, self._transport, self._private_dir)
+        limits = Limits(timeout_s, heartbeat_timeout_s, frozen_after_s=frozen_after_s)
+        self._transport = Transport(self._key, endpoint, limits, on_output or _default_output, self._subscribers,
+                                    explain)
+        # Local ranks get what to prepare and the environment at spawn (torch reads it when imported), so a
+        # standby can prepare before its session exists. Loopback only: gloo and NCCL never listen elsewhere.
+        rank_env = rank_environment(threads, {**(env or {}), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"},
+                                    {**{k: self._settings_base[k] for k in PREPARE_KEYS}, "threads": threads,
+                                     "private_dir": self._private_dir})
+        spawn = functools.partial(LocalRanks, self._transport.address, self.key_file, world_size, rank_env,
+                                  self._transport.on_output)
+        if standby is None:
+            standby = os.environ.get("WORKBENCH_STANDBY", "1") != "0"
+        self._standby = Standby(spawn, enabled=standby and not external)
+        self._finalizer = weakref.finalize(self, _cleanup, self._transport, self._standby, self._private_dir)
+        self.last_start: dict[str, float] = {}
+        """Seconds each phase of the last start took (the slowest rank's): see `start_phases`."""
         try:
             self.start()
         except BaseException:
@@ -94,7 +125,8 @@ class Pool:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the ranks of a fresh session (local pools); external pools wait for ranks to connect."""
+        """Start the ranks of a fresh session: the standby's if there is one, else new ones (local pools);
+        external pools wait for ranks to connect. Then the standby is refilled in the background."""
         t = self._transport
         settings = dict(self._settings_base, env=dict(self._settings_base["env"]))
         if self.external:
@@ -102,34 +134,29 @@ class Pool:
             t.new_session(self.world_size, settings, None)
             return
         settings["store"] = "file:" + os.path.join(self._private_dir, f"store-{secrets.token_hex(4)}")
-        threads = settings["threads"] or max(1, (os.cpu_count() or 1) // self.world_size)
-        settings["threads"] = threads
-        # Loopback only: gloo and NCCL then never listen on other interfaces.
-        settings["env"].update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-                   PYTHONPATH=os.pathsep.join(filter(None, [launch.package_root(), os.environ.get("PYTHONPATH")])))
-        for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            env.pop(var, None)
-        procs: dict[int, subprocess.Popen] = {}
-        t.new_session(self.world_size, settings, procs)
-        for r in range(self.world_size):
-            procs[r] = subprocess.Popen(launch.local_worker_argv(t.address, self.key_file, r, self.world_size),
-                                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
-            for stream in ("stdout", "stderr"):
-                threading.Thread(target=_pump, args=(getattr(procs[r], stream), r, stream, t.on_output),
-                                 daemon=True, name=f"workbench-rank{r}-{stream}").start()
+        ranks = self._standby.take() or self._standby.spawn_now()
+        with t.lock:  # a rank that knocks at once must find its session
+            t.new_session(self.world_size, settings, ranks)
+        ranks.activate()
         self.wait_ready(self.start_timeout_s)
+        self.last_start = start_phases(ranks, t.ranks)
+        self._standby.refill()
+
+    @property
+    def standby(self) -> StandbyInfo:
+        """The warm standby: ranks spawned and prepared ahead, so that `restart()` takes about a second; what
+        they cost in memory. `Pool(..., standby=False)` turns it off for tight machines."""
+        return self._standby.info()
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until every rank has connected and joined the world."""
         t = self._transport
         if not t.all_ready.wait(timeout):
             missing = sorted(set(range(self.world_size)) - {r for r, l in t.ranks.items() if l.ready})
-            with t.owning():
+            with t.owner.owning():
                 t.break_pool(PoolError(f"ranks {missing} did not start within {timeout} s"))
         if t.startup_failure is not None:
-            with t.owning():
+            with t.owner.owning():
                 t.break_pool(t.startup_failure)
         if t.broken is not None:
             raise t.broken
@@ -160,12 +187,12 @@ class Pool:
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if self.external and not self._transport.all_ready.is_set():
             self.wait_ready(self.start_timeout_s)
-        command = _Command(next(self._ids), set(range(self.world_size)))
+        command = Command(next(self._ids), set(range(self.world_size)), getattr(fn, "__qualname__", repr(fn)))
         # The call travels as its own pickle inside the message, so a rank that cannot unpickle it (a module
         # it cannot import) answers with an error for this command instead of dying.
         call = protocol.dumps_code((fn, args, kwargs))
         self._transport.submit(command, {"type": "call", "id": command.id, "call": call})
-        return Handle(command, self.world_size, self._transport)
+        return Handle(command, self.world_size, self._transport.wait)
 
     def set_flag(self, name: str, value: Any) -> None:
         """Set `workbench.pool.rank.flag(name)` on every rank, even while a command is running."""
@@ -178,6 +205,35 @@ class Pool:
         """
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    # -- limits ----------------------------------------------------------------------------------------
+    @property
+    def explain(self) -> Explain | None:
+        """The summary of the ranks' diagnostics at the top of a hang's error (see the class docstring)."""
+        return self._transport.explain
+
+    @explain.setter
+    def explain(self, fn: Explain | None) -> None:
+        self._transport.explain = fn
+
+    @property
+    def timeout_s(self) -> float:
+        """Seconds a rank may run a command without a sign of progress before it is declared stuck."""
+        return self._transport.limits.timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self.set_limits(timeout_s=value)
+
+    def set_limits(self, **limits: float) -> None:
+        """Change how soon trouble is declared, for the commands from now on: timeout_s, frozen_after_s,
+        heartbeat_timeout_s (the world's own collective timeout, set when it started, stays)."""
+        for name, value in limits.items():
+            if name not in ("timeout_s", "frozen_after_s", "heartbeat_timeout_s"):
+                raise ValueError(f"{name}: not a limit that can change (timeout_s, frozen_after_s, heartbeat_timeout_s)")
+            if not value > 0:
+                raise ValueError(f"{name}: must be positive, got {value}")
+        self._transport.limits = dataclasses.replace(self._transport.limits, **limits)
 
     # -- introspection -----------------------------------------------------------------------------
     @property
@@ -224,16 +280,34 @@ class Pool:
 
     def __repr__(self) -> str:
         state = f"broken: {self.broken_reason}" if self.broken else "healthy"
-        return f"Pool(world_size={self.world_size}, device={self.device!r}, backend={self.backend!r}, {state})"
+        standby = "" if self.external else f", {self.standby}"
+        return f"Pool(world_size={self.world_size}, device={self.device!r}, backend={self.backend!r}, {state}{standby})"
 
 
-def _pump(pipe, rank: int, stream: str, on_output: Callable[[int, str, str], None]) -> None:
-    """Forward what a local rank writes to its file descriptors (C++ warnings, crashes) to the notebook."""
-    for raw in iter(pipe.readline, b""):
-        on_output(rank, stream, raw.decode(errors="replace").rstrip("\n"))
-    pipe.close()
+def start_phases(ranks: LocalRanks, states: dict) -> dict[str, float]:
+    """Seconds in each phase of a start, from the ranks' own timelines (the slowest rank's figure per phase).
+
+    spawn: to the worker's first line (interpreter, the workbench package); torch: importing it; backend:
+    the backend set-up (the recording backend's extension); preload: the modules the pool preloads; warm:
+    torch._dynamo, imported by a first optimizer; standby: prepared, waiting for its session (0 when cold);
+    connect: the handshake; join: the process group and the collective check; report: until the notebook knew.
+    """
+    phases: dict[str, list[float]] = {}
+    for state in states.values():
+        tl = state.timeline
+        if not {"main", "warm", "connected", "joined"} <= tl.keys() or state.ready_at is None:
+            continue
+        go = max(tl.get("go", tl["warm"]), ranks.activated_at or 0.0, tl["warm"])
+        points = [("spawn", ranks.spawned_at, tl["main"]), ("torch", tl["main"], tl["torch"]),
+                  ("backend", tl["torch"], tl["backend"]), ("preload", tl["backend"], tl["preload"]),
+                  ("warm", tl["preload"], tl["warm"]), ("standby", tl["warm"], go), ("connect", go, tl["connected"]),
+                  ("join", tl["connected"], tl["joined"]), ("report", tl["joined"], state.ready_at)]
+        for name, t0, t1 in points:
+            phases.setdefault(name, []).append(max(0.0, t1 - t0))
+    return {name: max(values) for name, values in phases.items()}
 
 
-def _cleanup(transport: Transport, private_dir: str) -> None:
+def _cleanup(transport: Transport, standby: Standby, folder: str) -> None:
+    standby.close()
     transport.close()
-    shutil.rmtree(private_dir, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)

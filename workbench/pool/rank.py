@@ -34,6 +34,7 @@ class RankInfo:
 info: RankInfo | None = None
 _flags: dict[str, Any] = {}
 _send: Callable[[dict], None] | None = None
+_diagnostics: dict[str, Callable[[], Any]] = {}
 
 
 def _require() -> RankInfo:
@@ -78,6 +79,35 @@ def set_flag(name: str, value: Any) -> None:
     """Set a flag on this rank: by the pool's worker when the notebook calls `pool.set_flag`, or by
     `workbench.train` when a signal asks for a stop."""
     _flags[name] = value
+
+
+def add_diagnostic(name: str, provider: Callable[[], Any]) -> None:
+    """Register `provider`: when this rank looks stuck, its answer goes into the error the notebook raises.
+
+    The notebook asks a rank where it is when it hangs (or when another rank
+    froze); the rank's I/O thread answers with its main thread's stack and
+    `{name: provider()}` for every provider registered here (e.g. the last
+    collectives it issued and completed). Providers run on that I/O thread
+    while the main thread is stuck: they must be quick, never wait for a
+    lock the main thread may hold, and return something small and picklable
+    (a str or a dict of plain values). Registering a name again replaces it.
+    """
+    _diagnostics[name] = provider
+
+
+def remove_diagnostic(name: str) -> None:
+    _diagnostics.pop(name, None)
+
+
+def diagnostics() -> dict[str, Any]:
+    """Every registered provider's answer now; a provider that fails answers with its error instead."""
+    answers: dict[str, Any] = {}
+    for name, provider in list(_diagnostics.items()):
+        try:
+            answers[name] = provider()
+        except Exception as e:  # noqa: BLE001 - a broken provider must not hide the stack
+            answers[name] = f"(failed: {type(e).__name__}: {e})"
+    return answers
 
 
 def unchecked():

@@ -3,9 +3,13 @@
 The switchboard knows nothing of messages, only of frames and of who each
 connection has proved to be: the transport tells it (`bind`) once a frame
 from a connection passed the MAC check, and from then on addresses that
-connection by name. Until then a connection is a stranger: it may send
-only small frames, and when too many strangers are connected the oldest is
-closed, so idle connections cannot lock real ranks out.
+connection by name. Until then a connection is a stranger, and a stranger
+costs bounded memory and time: it may send only small frames, read a few
+KiB at a time; what waits to be sent to it is capped (a peer that does not
+read is closed, not queued for); it is closed after `STRANGER_TTL_S`; and
+when too many strangers are connected the oldest is closed, so idle
+connections cannot lock real ranks out (a rank whose connection was closed
+before it proved itself connects again).
 
 Not thread-safe: only the thread that owns the transport's sockets calls
 it, except `wake`, which any thread may call.
@@ -19,13 +23,22 @@ import selectors
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from workbench.pool import wire
+from workbench.pool.ratelimit import RateLimitedLog
 
 log = logging.getLogger("workbench.pool")
 
 MAX_STRANGERS = 64
 """Connections that have not yet proved they hold the key; past this, the oldest of them is closed."""
+STRANGER_TTL_S = 10.0
+"""A connection that has not proved it holds the key within this long is closed (a rank proves it in
+milliseconds, once the driver answers its knock)."""
+STRANGER_BACKLOG = 8 * 1024
+"""Bytes that may wait to be sent to a stranger; past this it is closed instead of queued for."""
+ACCEPTS_PER_POLL = 32
+"""New connections taken per round of I/O, so a flood of them cannot starve the ranks' messages."""
 
 
 @dataclass(eq=False)
@@ -36,12 +49,16 @@ class Peer:
     reader: wire.FrameReader
     name: bytes | None = None
     out: collections.deque = field(default_factory=collections.deque)
+    queued: int = 0
+    """Bytes in `out`."""
     watching_writable: bool = False
     connected_at: float = field(default_factory=time.monotonic)
+    pending: Any = None
+    """What the handshake expects next from this stranger (handshake.Pending); gone with the connection."""
 
 
 class Switchboard:
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, warnings: RateLimitedLog | None = None) -> None:
         self.listener, self.address = wire.listen(endpoint)
         self.wake_rx, self.wake_tx = socket.socketpair()
         self.wake_rx.setblocking(False)
@@ -53,6 +70,8 @@ class Switchboard:
         self.routes: dict[bytes, Peer] = {}
         self.refused = 0  # connections closed for sending too much before proving themselves, or for crowding
         self.hung_up: list[bytes] = []  # names whose connection closed since the last poll
+        self.warnings = warnings or RateLimitedLog(log)
+        self.next_sweep = 0.0
 
     def wake(self) -> None:
         """Make a `poll` in another thread return now."""
@@ -79,6 +98,12 @@ class Switchboard:
                     self._push(peer)
                 if mask & selectors.EVENT_READ and peer in self.peers:
                     self._read(peer, frames)
+        now = time.monotonic()
+        if now >= self.next_sweep:
+            self.next_sweep = now + 1.0
+            for peer in [p for p in self.peers if p.name is None and now - p.connected_at > STRANGER_TTL_S]:
+                self.refused += 1
+                self._drop(peer)
         closed, self.hung_up = self.hung_up, []
         return frames, closed
 
@@ -95,9 +120,19 @@ class Switchboard:
 
     def reply(self, peer: Peer, blob: bytes) -> None:
         """Send what the socket takes now; the rest waits for it to be writable (never block the owner)."""
+        if peer not in self.peers:
+            return
+        if peer.name is None and peer.queued + len(blob) > STRANGER_BACKLOG:
+            self.refused += 1
+            return self._drop(peer)  # a stranger that does not read: close it rather than queue for it
         peer.out.append(memoryview(wire.frame(blob)))
+        peer.queued += len(peer.out[-1])
         if len(peer.out) == 1:  # otherwise it queues behind frames that already wait for the socket
             self._push(peer)
+
+    def hang_up(self, peer: Peer) -> None:
+        """Close one connection (a stranger that said something wrong)."""
+        self._drop(peer)
 
     def hang_up_all(self) -> None:
         for peer in list(self.peers):
@@ -112,13 +147,13 @@ class Switchboard:
 
     # -- internals ----------------------------------------------------------------------------------
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPTS_PER_POLL):  # the rest wait in the listen backlog for the next round
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # e.g. out of file descriptors: keep serving the ranks we have
-                log.warning("workbench pool: could not accept a connection: %s", e)
+                self.warnings.warning("workbench pool: could not accept a connection: %s", e)
                 return
             strangers = [p for p in self.peers if p.name is None]
             if len(strangers) >= MAX_STRANGERS:
@@ -139,6 +174,7 @@ class Switchboard:
                 break
             except OSError:
                 return self._drop(peer)
+            peer.queued -= sent
             if sent == len(peer.out[0]):
                 peer.out.popleft()
             else:
@@ -154,7 +190,7 @@ class Switchboard:
             frames.extend((peer, blob) for blob in peer.reader.available())
         except wire.FrameTooLarge as e:
             self.refused += 1
-            log.warning("workbench pool: closed a connection that had not proved it holds the key: %s", e)
+            self.warnings.warning("workbench pool: closed a connection that had not proved it holds the key: %s", e)
             self._drop(peer)
             return
         if peer.reader.closed:
@@ -166,6 +202,8 @@ class Switchboard:
         self.peers.discard(peer)
         self.selector.unregister(peer.sock)
         peer.sock.close()
+        peer.out.clear()
+        peer.queued, peer.pending = 0, None
         if peer.name is not None and self.routes.get(peer.name) is peer:
             del self.routes[peer.name]
             self.hung_up.append(peer.name)

@@ -8,8 +8,8 @@ four of a library that moves every message through its own I/O thread, and
 on a 2-core machine those thread hops were most of the pool's latency.
 
 Who may send how much is decided here too: a connection that has not yet
-proved it holds the key may only send small frames, so a stranger cannot
-make the notebook buffer gigabytes.
+proved it holds the key may only send small frames, and is read a little at
+a time, so a stranger cannot make the notebook buffer more than a few KiB.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import struct
 import time
 
 PREFIX = struct.Struct("!Q")
-MAX_UNAUTHENTICATED = 64 * 1024
-"""The largest frame a connection may send before one of its messages has passed the MAC check."""
+MAX_UNAUTHENTICATED = 4 * 1024
+"""The largest frame a connection may send before one of its messages has passed the MAC check (a knock is
+under 100 bytes, a rank's first signed message under 1 KiB)."""
 
 
 class FrameTooLarge(Exception):
@@ -111,7 +112,9 @@ class FrameReader:
     def _fill(self, flags: int) -> bool:
         """One recv into the buffer; True if it may have left more to read (it filled what it asked for)."""
         want = 1 << 16
-        if len(self.buffer) >= PREFIX.size:
+        if self.max_frame is not None:  # a stranger: never hold more than one frame of it
+            want = max(1, PREFIX.size + self.max_frame - len(self.buffer))
+        elif len(self.buffer) >= PREFIX.size:
             want = max(want, PREFIX.size + PREFIX.unpack_from(self.buffer)[0] - len(self.buffer))
         try:
             chunk = self.sock.recv(want, flags)
@@ -131,7 +134,8 @@ class FrameReader:
         """The frames that can be read without waiting (the socket was reported readable); see `closed` after.
 
         Stops at the first short read rather than asking again for an EAGAIN:
-        the poller reports the socket again if more has come.
+        the poller reports the socket again if more has come. A stranger gets
+        one read per round, however much it sends.
         """
         frames = []
         more = self._fill(socket.MSG_DONTWAIT)
@@ -139,7 +143,7 @@ class FrameReader:
             blob = self._next_buffered()
             if blob is not None:
                 frames.append(blob)
-            elif more:
+            elif more and self.max_frame is None:
                 more = self._fill(socket.MSG_DONTWAIT)
             else:
                 return frames

@@ -1,10 +1,13 @@
 """A rank: one long-lived process that runs the notebook's commands.
 
 Started by the Pool (`python -m workbench.pool.worker --connect HOST:PORT
---key-file FILE --rank R --world-size N --local`) or, on other machines, by
-torchrun/srun (rank and world size then come from the environment). It
-connects back to the notebook, proves it holds the key, initialises one
-torch.distributed world and keeps it until it exits.
+--key-file FILE --rank R --world-size N --local --standby`) or, on other
+machines, by torchrun/srun (rank and world size then come from the
+environment). It connects back to the notebook, proves it holds the key,
+joins one torch.distributed world and keeps it until it exits. A local rank
+first prepares (imports torch and what the pool preloads: most of a start,
+see world.py) and waits for a line on stdin before it connects, so the pool
+can start it ahead of need, as a warm standby.
 
 Two threads, each with its own connection to the notebook:
 - the main thread runs commands one after another and sends their results,
@@ -19,8 +22,8 @@ Two threads, each with its own connection to the notebook:
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
+import json
 import os
 import pickle
 import queue
@@ -32,11 +35,13 @@ import time
 import traceback
 from typing import Any
 
-from workbench.pool import protocol, rank as rank_api, wire
+from workbench.pool import handshake, private_dir, protocol, rank as rank_api, wire, world
 from workbench.pool.launch import read_key_file
 
 CONNECT_TIMEOUT_S = 60.0
 """How long a rank tries to reach (and be welcomed by) the notebook before it gives up."""
+PREPARED = "\0workbench: prepared"
+"""The line a standby rank writes to its stdout once it is prepared (the pool's output pump reads it)."""
 
 
 class _Link:
@@ -92,18 +97,23 @@ class _RankStream(io.TextIOBase):
 
 class Worker:
     def __init__(self, address: str, key: bytes, rank: int, world_size: int, local_rank: int,
-                 local_world_size: int, local: bool) -> None:
+                 local_world_size: int, local: bool, private: str | None = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.local_rank, self.local_world_size, self.local = local_rank, local_world_size, local
         self.incarnation = secrets.token_hex(8)
         self.address, self.key = address, key
-        self.main = _Link(address, key, f"r{rank}:{self.incarnation}:main")
+        self.main: _Link | None = None  # connected by the handshake
         self.io: _Link | None = None  # connected once the handshake has given us the session
         self.main_thread = threading.get_ident()
         self.parent_pid = os.getppid()
         self.other_output: queue.SimpleQueue = queue.SimpleQueue()
         self.last_driver_contact = time.monotonic()
         self.settings: dict[str, Any] = {}
+        self.private_dir = private
+        """The pool's private folder (local ranks): removed on the way out if the driver died."""
+        self.prepare_traceback = ""
+        self.timeline: dict[str, float] = {}
+        """When each step of this rank's start happened (time.monotonic, shared by the machine's processes)."""
 
     # -- handshake -----------------------------------------------------------------------------
     def handshake(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -111,17 +121,32 @@ class Worker:
 
         The welcome is signed, so it proves the driver holds the key; our hello
         echoes its challenge, signed, which proves we do. Only then does the
-        driver tell us how to start.
+        driver tell us how to start. A connection the driver closes before we
+        proved ourselves (it closes strangers when too many crowd in, e.g. in a
+        flood) is replaced by a new one, until `timeout_s` has passed.
         """
-        try:
-            self._handshake(timeout_s)
-        except (EOFError, OSError) as e:
-            raise SystemExit(f"workbench worker rank {self.rank}: the notebook hung up during the handshake ({e})")
-
-    def _handshake(self, timeout_s: float) -> None:
-        nonce = secrets.token_hex(16)
-        knock = protocol.KNOCK + f" {self.rank} {self.incarnation} {nonce}".encode()
         deadline = time.monotonic() + timeout_s
+        problem = "no answer from the driver at the given address"
+        while time.monotonic() < deadline:
+            if self.local and os.getppid() != self.parent_pid:
+                private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+                raise SystemExit(f"workbench worker rank {self.rank}: the notebook is gone")
+            try:
+                if self.main is None:
+                    self.main = _Link(self.address, self.key, f"r{self.rank}:{self.incarnation}:main")
+                if self._handshake(deadline):
+                    return
+            except (EOFError, OSError) as e:
+                problem = f"the notebook hung up during the handshake ({e})"
+                if self.main is not None:
+                    self.main.sock.close()
+                self.main = None
+                time.sleep(0.05)
+        raise SystemExit(f"workbench worker rank {self.rank}: {problem}")
+
+    def _handshake(self, deadline: float) -> bool:
+        nonce = secrets.token_hex(16)
+        knock = handshake.knock(self.rank, self.incarnation, nonce)
         while time.monotonic() < deadline:
             wire.send_all(self.main.sock, knock)
             blob = self.main.reader.next(0.5)  # re-knock now and then: a driver between sessions drops knocks
@@ -143,8 +168,8 @@ class Worker:
                     self.settings = msg["settings"]
                     self.io = _Link(self.address, self.key, f"r{self.rank}:{self.incarnation}:io",
                                     self.main.verifier.session)
-                    return
-        raise SystemExit(f"workbench worker rank {self.rank}: no answer from the driver at the given address")
+                    return True
+        return False
 
     # -- output and messages -------------------------------------------------------------------
     def send_output(self, stream: str, line: str) -> None:
@@ -163,19 +188,23 @@ class Worker:
             self._serve_io()
         except (EOFError, OSError):
             pass  # the notebook closed our connection, or it broke: the notebook is gone
+        private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
         os._exit(3)
 
     def _serve_io(self) -> None:
         interval = self.settings["heartbeat_s"]
         orphan_after = self.settings["orphan_timeout_s"]
-        next_beat = 0.0
+        # Our first message is a heartbeat, and nothing else goes out until the driver has answered on this
+        # connection: until it has bound the connection to us, it takes only small frames from it.
+        self.io.send({"type": "heartbeat", "cpu_s": time.process_time()})
+        next_beat, heard = time.monotonic() + interval, False
         while True:
             msg = self.io.recv(timeout_ms=int(interval * 250))
             now = time.monotonic()
             if msg is not None:
-                self.last_driver_contact = now
+                self.last_driver_contact, heard = now, True
                 self.handle_control(msg)
-            while not self.other_output.empty():
+            while heard and not self.other_output.empty():
                 self.io.send(self.other_output.get())
             if now >= next_beat:
                 self.io.send({"type": "heartbeat", "cpu_s": time.process_time()})
@@ -191,49 +220,12 @@ class Worker:
         elif kind == "stack":
             frame = sys._current_frames().get(self.main_thread)
             stack = "".join(traceback.format_stack(frame)) if frame else "(main thread not found)"
-            self.io.send({"type": "stack", "stack": stack})
+            self.io.send({"type": "stack", "stack": stack, "diagnostics": rank_api.diagnostics()})
         elif kind == "shutdown":
             sys.__stderr__.flush()
             os._exit(0)
 
     # -- main thread ---------------------------------------------------------------------------
-    def init_distributed(self) -> None:
-        s = self.settings
-        import torch
-        import torch.distributed as dist
-        from datetime import timedelta
-
-        torch.set_num_threads(s["threads"] or max(1, (os.cpu_count() or 1) // self.local_world_size))
-        device = s["device"]
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= self.local_world_size else "cpu"
-        if device == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            device = f"cuda:{self.local_rank}"
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        if s.get("backend_setup"):
-            module, _, function = s["backend_setup"].partition(":")
-            backend = getattr(importlib.import_module(module), function)()
-        kwargs: dict[str, Any] = {"timeout": timedelta(seconds=s["pg_timeout_s"])}
-        if device.startswith("cuda"):
-            kwargs["device_id"] = torch.device(device)
-        if s["store"].startswith("file:"):
-            store = dist.FileStore(s["store"][5:], self.world_size)
-            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, **kwargs)
-        else:  # torchrun / srun: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE in the environment
-            dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size,
-                                    **kwargs)
-        if s["check_collectives"]:
-            from workbench.pool import collective_check
-
-            collective_check.install()
-        rank_api.info = rank_api.RankInfo(self.rank, self.world_size, self.local_rank, device, backend,
-                                          socket.gethostname())
-        for module in s["preload"]:
-            __import__(module)
-        # The first optimizer built in a process imports torch._dynamo (~2 s); pay that now, not in apply().
-        torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
-
     def command_loop(self) -> None:
         while True:
             try:
@@ -256,37 +248,90 @@ class Worker:
             sys.stderr.flush()
             self.main.send(reply)
 
-    def serve(self) -> None:
+    def stand_by(self, prepare: dict[str, Any], nice: bool) -> world.Prepared | BaseException:
+        """A local rank before its session: prepare (or fail trying), say so, wait for the pool's word on stdin.
+
+        A failure is kept, not raised: the rank still joins its session, to report it with its traceback.
+        """
+        go = threading.Event()
+        threading.Thread(target=self._watch_stdin, args=(go,), name="workbench-stdin", daemon=True).start()
+        lowered = world.lower_priority() if nice else None
+        try:
+            prepared: world.Prepared | BaseException = world.prepare(prepare, self.local_rank, self.local_world_size)
+        except Exception as e:  # noqa: BLE001 - reported once the rank has joined
+            self.prepare_traceback = traceback.format_exc()
+            prepared = e
+        else:
+            self.timeline.update(prepared.marks)
+        self.timeline["prepared"] = time.monotonic()
+        sys.__stdout__.write(PREPARED + "\n")
+        sys.__stdout__.flush()
+        go.wait()
+        self.timeline["go"] = time.monotonic()
+        if lowered is not None:
+            world.restore_priority(lowered)
+        return prepared
+
+    def _watch_stdin(self, go: threading.Event) -> None:
+        """The pool's word to connect comes on stdin, and stdin's end means the pool no longer needs this process
+        (or its driver died): then it exits at once, even in the middle of preparing."""
+        while sys.stdin.buffer.readline():
+            go.set()
+        private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+        os._exit(0)
+
+    def serve(self, prepare: dict[str, Any] | None = None, nice: bool = False) -> None:
+        prepared = self.stand_by(prepare, nice) if prepare is not None else None
         self.handshake()
-        # Environment first: torch reads these when it is imported and when the world starts.
+        self.timeline["connected"] = self.last_driver_contact = time.monotonic()
+        # Environment first: torch reads these when it is imported and when the world starts (local ranks had
+        # them from their start).
         os.environ.update(self.settings["env"])
         threading.Thread(target=self.io_loop, name="workbench-io", daemon=True).start()
         rank_api.host(self.send_message)
         sys.stdout, sys.stderr = _RankStream(self, "stdout"), _RankStream(self, "stderr")
         try:
-            self.init_distributed()
+            if prepared is None:
+                prepared = world.prepare(self.settings, self.local_rank, self.local_world_size)
+                self.timeline.update(prepared.marks, prepared=time.monotonic())
+            if isinstance(prepared, BaseException):
+                self.main.send({"type": "failed", "message": f"{type(prepared).__name__}: {prepared}",
+                                "traceback": self.prepare_traceback})
+                raise SystemExit(1)
+            world.join(prepared, self.settings, self.rank, self.world_size, self.local_rank)
+        except SystemExit:
+            raise
         except BaseException as e:  # noqa: BLE001
             self.main.send({"type": "failed", "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
             raise
-        self.main.send({"type": "ready", "device": rank_api.info.device, "backend": rank_api.info.backend})
+        self.timeline["joined"] = time.monotonic()
+        self.main.send({"type": "ready", "device": rank_api.info.device, "backend": rank_api.info.backend,
+                        "timeline": self.timeline})
         self.command_loop()
 
 
 def main(argv: list[str] | None = None) -> None:
+    started = time.monotonic()
     p = argparse.ArgumentParser(prog="python -m workbench.pool.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--connect", required=True, help="HOST:PORT of the notebook's pool (or unix://PATH locally)")
     p.add_argument("--key-file", required=True, help="file holding the pool's key (mode 0600)")
     p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun/srun)")
     p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE")
     p.add_argument("--local", action="store_true", help="started by a local Pool: exit when the parent exits")
+    p.add_argument("--standby", action="store_true",
+                   help="prepare first (settings in $WORKBENCH_PREPARE), then wait for a line on stdin to connect")
+    p.add_argument("--nice", action="store_true", help="prepare at a lower CPU priority (a standby filled ahead)")
     a = p.parse_args(argv)
     env = os.environ
     rank = a.rank if a.rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", "0")))
-    world = a.world_size if a.world_size is not None else int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+    world_size = a.world_size if a.world_size is not None else int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
     local_rank = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", rank if a.local else 0)))
-    local_world = int(env.get("LOCAL_WORLD_SIZE", world if a.local else 1))
-    worker = Worker(a.connect, read_key_file(a.key_file), rank, world, local_rank, local_world, a.local)
-    worker.serve()
+    local_world = int(env.get("LOCAL_WORLD_SIZE", world_size if a.local else 1))
+    prepare = json.loads(env["WORKBENCH_PREPARE"]) if a.standby else None
+    worker = Worker(a.connect, read_key_file(a.key_file), rank, world_size, local_rank, local_world, a.local,
+                    private=(prepare or {}).get("private_dir"))
+    worker.timeline["main"] = started
+    worker.serve(prepare, a.nice)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: gloo/NCCL threads can hang it
 

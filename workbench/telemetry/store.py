@@ -36,6 +36,20 @@ class LayoutChange:
         return self.config.layout
 
 
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Where a run recovered by itself from a failed rank (`train(recover=True)`): the loss plot marks these."""
+
+    step: int
+    """The step it went back to (its latest snapshot) and trained again from."""
+    replayed: int
+    """Steps trained after `step` before the failure: lost with the ranks, and trained again."""
+    reason: str
+    """The failure, in one line (which rank, what happened)."""
+    seconds: float
+    """From the failure's report to training again (restart, layout, snapshot restored)."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What the store held at one instant; safe to read from any thread."""
@@ -45,6 +59,7 @@ class Snapshot:
     by_rank: dict[int, tuple[StepMetrics, ...]]
     """Each rank's metrics in step order."""
     layout_changes: tuple[LayoutChange, ...]
+    recoveries: tuple[Recovery, ...] = ()
 
     @property
     def ranks(self) -> list[int]:
@@ -92,6 +107,7 @@ class TelemetryStore:
         # Keyed by step: an event seen twice (a backfill racing the subscription) is stored once.
         self._by_rank: dict[int, dict[int, StepMetrics]] = {}
         self._layouts: list[LayoutChange] = []
+        self._recoveries: list[Recovery] = []
         self._version = 0
         self._subscribers: list[Callable[[Any], None]] = []
 
@@ -119,6 +135,13 @@ class TelemetryStore:
             self._version += 1
         self._notify(mark)
 
+    def add_recovery(self, mark: Recovery) -> None:
+        """Record that the run recovered by itself (the Workbench calls this, after truncating the lost steps)."""
+        with self._lock:
+            self._recoveries.append(mark)
+            self._version += 1
+        self._notify(mark)
+
     def truncate(self, step: int) -> None:
         """Forget every rank's steps from `step` on (they will be trained again, e.g. after loading a checkpoint)."""
         with self._lock:
@@ -132,6 +155,7 @@ class TelemetryStore:
         with self._lock:
             self._by_rank.clear()
             self._layouts.clear()
+            self._recoveries.clear()
             self._version += 1
         self._notify(None)
 
@@ -143,7 +167,7 @@ class TelemetryStore:
     def snapshot(self) -> Snapshot:
         with self._lock:
             by_rank = {r: tuple(sorted(steps.values(), key=lambda m: m.step)) for r, steps in self._by_rank.items()}
-            return Snapshot(self._version, by_rank, tuple(self._layouts))
+            return Snapshot(self._version, by_rank, tuple(self._layouts), tuple(self._recoveries))
 
     def steps(self, rank: int = 0) -> list[StepMetrics]:
         """One rank's metrics in step order (a copy)."""
@@ -153,6 +177,11 @@ class TelemetryStore:
     def layout_changes(self) -> list[LayoutChange]:
         with self._lock:
             return list(self._layouts)
+
+    @property
+    def recoveries(self) -> list[Recovery]:
+        with self._lock:
+            return list(self._recoveries)
 
     def __len__(self) -> int:
         """Steps stored for rank 0."""

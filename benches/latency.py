@@ -1,0 +1,211 @@
+"""Where the interactive loop's time goes: start, apply, restart, telemetry, the step (issue 22's table).
+
+Every row of the table is printed beside its goal, as medians of several
+runs, with the phases that make it up and the baseline it is compared with
+measured in the same run:
+
+- `Workbench(2)` until ready, cold, in a fresh interpreter (what a notebook's
+  first cell pays): `import workbench`, then the pool's start by phase
+  (spawn, torch, backend, preload, warm, connect, join) and the first command;
+- `apply(tp=2)` on a trained `tiny` model (reshard, state kept), by phase on
+  the ranks (mesh, state export, data, model build, layout, optimizer,
+  telemetry attach, state import, barrier) and its first step;
+- `restart()` after a rank was killed, until the model is back, with the
+  warm standby and without it (the cold baseline);
+- a steady dp=2 step with telemetry on / off;
+- a steady dp=2 step through the workbench / the same loop under torchrun.
+
+    .venv/bin/python benches/latency.py            # about 3 minutes on 2 quiet cores
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+import cloudpickle  # noqa: E402
+
+REPEATS = 3
+STEPS = 20
+ROOT = Path(__file__).resolve().parents[1]
+
+COLD_START = textwrap.dedent('''
+    import json, time
+    t0 = time.monotonic()
+    import workbench as wb
+    t1 = time.monotonic()
+    bench = wb.Workbench(2, standby=False)
+    t2 = time.monotonic()
+    print(json.dumps({"import": t1 - t0, "ready": t2 - t1, "total": t2 - t0, "phases": bench.pool.last_start}))
+    bench.close()
+''')
+
+
+def med(values):
+    return statistics.median(values)
+
+
+def cold_start() -> list[dict]:
+    runs = []
+    for _ in range(REPEATS):
+        out = subprocess.run([sys.executable, "-c", COLD_START], cwd=ROOT, capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+# -- on the ranks: apply(tp=2) by phase ------------------------------------------------------------------
+def timed_apply(cfg, corpus, telemetry):
+    """session.apply with a stopwatch around each of its parts (the engine's own functions, wrapped for the
+    call): seconds per part, rank by rank."""
+    import torch.distributed as dist
+
+    from workbench.engine import data, session, trainer as trainer_module
+
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    patches = [(session, "export_full_state", "state export"), (session, "import_full_state", "state import"),
+               (session, "build_mesh", "mesh"), (trainer_module, "build_model", "model build"),
+               (trainer_module, "parallelize", "layout (parallelize)"),
+               (trainer_module, "build_optimizer", "optimizer"), (trainer_module, "StepProbe", "telemetry attach"),
+               (dist, "barrier", "barrier")]
+    originals = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for_config = data.TokenData.__dict__["for_config"]
+    try:
+        for (module, name, label), (_, _, fn) in zip(patches, originals):
+            setattr(module, name, timed(label, fn))
+        data.TokenData.for_config = classmethod(timed("data", for_config.__func__))
+        t = time.perf_counter()
+        session.apply(cfg, corpus, telemetry, False)
+        spent["total"] = time.perf_counter() - t
+    finally:
+        for module, name, fn in originals:
+            setattr(module, name, fn)
+        data.TokenData.for_config = for_config
+    return spent
+
+
+def apply_phases(bench, wb) -> tuple[list[float], list[dict], list[float], list[float]]:
+    driver, ranks, first, steady = [], [], [], []
+    for i in range(REPEATS + 1):
+        bench.apply(wb.Config(dp=2))
+        bench.train(3).wait()
+        t = time.perf_counter()
+        per_rank = bench.pool.run(timed_apply, wb.Config(tp=2), bench.corpus, bench.telemetry)
+        took = time.perf_counter() - t
+        bench.config = wb.Config(tp=2)  # what bench.apply would record (the store is not needed here)
+        t = time.perf_counter()
+        bench.train(1).wait()
+        one = time.perf_counter() - t
+        t = time.perf_counter()
+        bench.train(1).wait()
+        if i:  # the first round builds the tp mesh, later ones reuse it, as a session does
+            driver.append(took)
+            ranks.append({k: max(r[k] for r in per_rank) for k in per_rank[0]})
+            first.append(one)
+            steady.append(time.perf_counter() - t)
+    return driver, ranks, first, steady
+
+
+# -- restart ---------------------------------------------------------------------------------------------
+def restart_times(wb, standby: bool) -> tuple[list[float], list[dict]]:
+    totals, phases = [], []
+    with wb.Workbench(2, standby=standby) as bench:
+        bench.apply(wb.Config(dp=2))
+        for _ in range(REPEATS if standby else 1):
+            bench.train(2).wait()
+            while standby and not bench.pool.standby.ready:
+                time.sleep(0.1)
+            os.kill(bench.pool.pids[1], signal.SIGKILL)
+            while not bench.pool.broken:
+                time.sleep(0.001)
+            t = time.perf_counter()
+            bench.pool.restart()
+            t_pool = time.perf_counter()
+            bench._capabilities = bench.session.capabilities()
+            t_caps = time.perf_counter()
+            bench.apply(bench.config, fresh=True)
+            t_apply = time.perf_counter()
+            totals.append(t_apply - t)
+            phases.append({"pool": t_pool - t, **{f"  {k}": v for k, v in bench.pool.last_start.items()},
+                           "capabilities": t_caps - t_pool, "apply (fresh model)": t_apply - t_caps})
+    return totals, phases
+
+
+# -- steady steps ----------------------------------------------------------------------------------------
+def steady_step(wb, telemetry: bool) -> float:
+    with wb.Workbench(2, telemetry=telemetry, standby=False) as bench:
+        bench.apply(wb.Config(dp=2))
+        bench.train(3).wait()
+        return med([m.step_time_s for m in bench.train(STEPS).wait()][3:])
+
+
+def main() -> None:
+    import engine  # benches/engine.py: the plain torchrun loop
+
+    import workbench as wb
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {__import__('torch').__version__}")
+    cold = cold_start()
+    with_standby, standby_phases = restart_times(wb, standby=True)
+    without_standby, _ = restart_times(wb, standby=False)
+    with wb.Workbench(2) as bench:
+        driver, ranks, first, steady_after = apply_phases(bench, wb)
+        standby = bench.pool.standby
+    on, off = steady_step(wb, True), steady_step(wb, False)
+    plain = engine.plain_torchrun(STEPS)
+
+    rows = []
+    total = med([r["total"] for r in cold])
+    rows.append(("Workbench(2) until ready, cold (fresh interpreter)", f"{total:.2f} s", "≤ 2 s"))
+    print("\nphases of the cold start (median of runs; the slowest rank per phase):")
+    print(f"  {'import workbench (notebook)':34s} {med([r['import'] for r in cold]):.3f} s")
+    for name in cold[0]["phases"]:
+        print(f"  {'pool: ' + name:34s} {med([r['phases'][name] for r in cold]):.3f} s")
+    print(f"  {'Workbench(2) (pool + capabilities)':34s} {med([r['ready'] for r in cold]):.3f} s")
+    print("  each run, total / pool phases summed: "
+          + ", ".join(f"{r['total']:.2f} / {sum(r['phases'].values()):.2f} s" for r in cold))
+    rows.append(("apply(tp=2) on a trained tiny model", f"{med(driver):.3f} s", "≤ 0.1 s"))
+    print("\nphases of apply(tp=2) on the ranks (median of runs; the slowest rank per phase):")
+    for name in ranks[0]:
+        print(f"  {name:34s} {med([r[name] for r in ranks]):.4f} s")
+    print(f"  {'first step after it / a steady one':34s} {med(first):.3f} s / {med(steady_after):.3f} s")
+    rows.append(("restart() after a failure, until ready (standby)",
+                 f"{med(with_standby):.2f} s (cold {med(without_standby):.2f} s: "
+                 f"{med(without_standby) / med(with_standby):.1f}× slower)", "≤ 1 s"))
+    print("\nphases of restart() with the standby (median of runs):")
+    for name in standby_phases[0]:
+        print(f"  {name:34s} {med([p[name] for p in standby_phases]):.3f} s")
+    print(f"  the standby's cost: {standby}")
+    rows.append(("telemetry on / off, steady dp=2 step", f"{on / off:.3f}× ({on * 1e3:.1f} / {off * 1e3:.1f} ms)",
+                 "≤ 1.01×"))
+    rows.append(("steady step, workbench / torchrun", f"{off / plain:.3f}× ({off * 1e3:.1f} / {plain * 1e3:.1f} ms)",
+                 "≤ 1.01×"))
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'action':{width}s}  {'now':44s}  goal")
+    for action, now, goal in rows:
+        print(f"{action:{width}s}  {now:44s}  {goal}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The pool's private folder (mode 0700: control socket, key, rendezvous store) and its removal.
+
+A pool removes its folder when it closes. A driver that is killed cannot, so
+two others do: its local ranks, which notice the driver is gone (their
+parent changed) and remove the folder before they exit; and the next pool
+started on the machine, which sweeps the folders of drivers that no longer
+run. The folder names its driver's pid, and a `driver` file inside holds the
+pid and the process's start time, so a recycled pid is not taken for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = "workbench-"
+OWNER_FILE = "driver"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None if it is not running."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: not ours to judge
+    return started is None or _start_time(pid) in (None, started)
+
+
+def create() -> str:
+    """A fresh private folder for this process's pool, after sweeping the folders of dead drivers."""
+    sweep()
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+    (Path(path) / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid()) or ''}\n")
+    return path
+
+
+def sweep(root: str | None = None) -> list[str]:
+    """Remove private folders (of this user) whose driver process is gone; returns what was removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            if not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid_text, _, started = (folder / OWNER_FILE).read_text().partition(" ")
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            continue  # not one of ours, or being created right now
+        if not _alive(pid, started.strip() or None):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
+    return removed
+
+
+def remove_if_driver_gone(path: str | None, driver_pid: int, wait_s: float = 1.0) -> None:
+    """Called by a local rank on its way out: if its driver died, nobody else will remove the driver's folder now.
+
+    A rank can see its connection or stdin end while the driver is still exiting (its files close before it
+    is gone): so the driver counts as dead once this rank's parent changed or the driver is a zombie, looked
+    at for up to `wait_s`.
+    """
+    if not path:
+        return
+    deadline = time.monotonic() + wait_s
+    while not _driver_gone(driver_pid):
+        if time.monotonic() >= deadline:
+            return  # alive: it closed on us on purpose, and removes its folder itself
+        time.sleep(0.01)
+    try:
+        owner = int((Path(path) / OWNER_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if owner == driver_pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _driver_gone(driver_pid: int) -> bool:
+    if os.getppid() != driver_pid:
+        return True
+    try:
+        state = Path(f"/proc/{driver_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
