@@ -67,7 +67,14 @@ def _parallelize(kind: str | None, mesh: DeviceMesh, cfg: Config) -> Callable[[n
 
 
 def _compute_actions(order: list) -> list[str]:
-    return [str(a) for a in order if a is not None and a.computation_type.value in ("F", "B")]
+    """torch's IR as printed, compute actions only; DualPipeV's OVERLAP_F_B as its sub-actions, in order."""
+    out = []
+    for a in order:
+        if a is not None and a.computation_type.value == "OVERLAP_F_B":
+            out += _compute_actions(list(a.sub_actions))
+        elif a is not None and a.computation_type.value in ("F", "B", "I", "W"):
+            out.append(str(a))
+    return out
 
 
 def train(cfg: Config, steps: int, parallel: str | None = None) -> dict:
