@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from workbench.config import PRESETS, Config
+from workbench.schedules import config_stages
 
 Device = Literal["cuda", "cpu"]
 
@@ -172,7 +173,9 @@ main_training_function: main
 """
 
 
-_TITAN_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+_TITAN_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
+                   "interleaved_zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""Our schedule names → torchtitan's pipeline_parallel_schedule (torch's class names without "Schedule")."""
 _TITAN_FLAVORS = {"8b": "8B"}  # our presets with the shape of a torchtitan llama3 flavor
 
 
@@ -225,9 +228,9 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     if cfg.pp > 1:
         pp_lines = [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULE[cfg.schedule]}"',
                     f"pipeline_parallel_microbatch_size = {cfg.micro_batch_size}"]
-        if cfg.schedule == "interleaved_1f1b":
+        if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
             pp_lines.append(f"pipeline_parallel_layers_per_stage = "
-                            f"{cfg.model.n_layers // (cfg.pp * cfg.stages_per_rank)}")
+                            f"{cfg.model.n_layers // (cfg.pp * config_stages(cfg))}")
     lines = [
         f"# torchtitan job nearest to the workbench layout {cfg.layout} ({cfg.world_size} ranks).",
         "# Run with torchtitan's run_train.sh / torchrun; see the notes at the end for what differs.",
