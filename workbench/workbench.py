@@ -237,7 +237,8 @@ class Workbench:
     # -- the large run ---------------------------------------------------------------------------
     def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
         """Write what runs the current Config without the notebook into `directory`: config.json, run.sh (torchrun),
-        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan.toml; returns `wb.export.Exported`.
+        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan run (torchtitan.sh for torchtitan 0.3,
+        torchtitan.toml for older releases); returns `wb.export.Exported`.
 
         Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, port.
         """

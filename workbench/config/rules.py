@@ -11,11 +11,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from workbench.config.degrees import divisors
 from workbench.config.refusals import refuse
 from workbench.schedules import MULTI_STAGE, V_SHAPED, config_stages, splits_backward
 
 if TYPE_CHECKING:
     from workbench.config.run import Config
+
+
+def hsdp_splits_the_data_parallel_ranks(cfg: Config) -> None:
+    """dp_replicate groups of dp/dp_replicate ranks each, sharded by FSDP2 within a group (before the degrees are
+    made of it)."""
+    r = cfg.dp_replicate
+    if r == 1:
+        return
+    if cfg.zero < 2:
+        raise refuse("dp_replicate", f"dp_replicate={r} is HSDP, which replicates FSDP2 shard groups; zero={cfg.zero} "
+                     "already replicates everything over dp", "set zero=2 or 3, or dp_replicate=1")
+    if cfg.dp % r:
+        raise refuse("dp_replicate", f"dp_replicate={r} does not divide dp={cfg.dp}",
+                     f"choose dp_replicate among {[d for d in divisors(cfg.dp) if d < cfg.dp]}")
+    if r == cfg.dp:
+        raise refuse("dp_replicate", f"dp_replicate=dp={r} leaves one rank per shard group: nothing to shard",
+                     "use zero=0 (DDP) for pure replication, or a dp_replicate below dp")
+
+
+def context_parallel_splits_sequences(cfg: Config) -> None:
+    """cp cuts every sequence; a mixture of experts routes whole sequences (its routing group and capacity)."""
+    if cfg.cp > 1 and cfg.model.n_experts:
+        raise refuse("cp", f"cp={cfg.cp} splits each sequence across ranks, but a mixture of experts routes whole "
+                     "sequences (its capacity and balancing loss are per sequence), so the split would change the model",
+                     "set cp=1 with a mixture of experts, or use a dense model")
 
 
 def degrees_fit_the_model(cfg: Config) -> None:
@@ -51,7 +77,7 @@ def pipeline_has_enough_micro_batches(cfg: Config) -> None:
 
 def split_backward_has_its_data_parallel(cfg: Config) -> None:
     """What data parallel can run under a zero-bubble schedule in torch 2.13 (measured against one process)."""
-    if not splits_backward(cfg) or cfg.dp == 1:
+    if not splits_backward(cfg) or cfg.dp * cfg.cp == 1:  # the cp ranks average gradients with the dp ranks
         return
     # Their weight-gradient half (W) runs autograd.grad over the parameters the input-gradient half (I) saw.
     if cfg.zero == 3:
@@ -87,7 +113,8 @@ def batch_splits_and_sequence_fits(cfg: Config) -> None:
 
 
 def zero_has_ranks_to_shard_over(cfg: Config) -> None:
-    if cfg.zero > 0 and cfg.dp == 1:
+    # The cp ranks hold the same weights and average their gradients with the dp ranks: ZeRO shards over dp·cp.
+    if cfg.zero > 0 and cfg.dp * cfg.cp == 1:
         raise refuse("zero", f"ZeRO stage {cfg.zero} shards across data-parallel ranks, but dp=1",
                      "set dp ≥ 2 or zero=0")
     if cfg.zero == 1 and cfg.dp > 1 and cfg.tp > 1:
@@ -105,7 +132,7 @@ def zero_has_ranks_to_shard_over(cfg: Config) -> None:
 
 def compression_has_a_sync_to_compress(cfg: Config) -> None:
     kind = cfg.compression
-    if kind != "none" and cfg.dp == 1:
+    if kind != "none" and cfg.dp * cfg.cp == 1:
         raise refuse("compression", f"{kind!r} compresses the data-parallel gradient sync, but dp=1 has none",
                      'set dp ≥ 2 or compression="none"')
     if kind != "none" and cfg.tp > 1 and cfg.zero == 0:
@@ -126,6 +153,8 @@ def offload_has_plain_parameters(cfg: Config) -> None:
 
 
 RULES: tuple[Callable[[Config], None], ...] = (
+    hsdp_splits_the_data_parallel_ranks,
+    context_parallel_splits_sequences,
     v_schedule_splits_the_layers,
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,

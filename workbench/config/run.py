@@ -19,8 +19,8 @@ from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
 
 _RANGES = {
-    **{name: at_least(1) for name in ("dp", "tp", "pp", "ep", "micro_batches", "stages_per_rank", "batch_size",
-                                      "seq_len", "powersgd_rank")},
+    **{name: at_least(1) for name in ("dp", "tp", "pp", "ep", "cp", "dp_replicate", "micro_batches", "stages_per_rank",
+                                      "batch_size", "seq_len", "powersgd_rank")},
     "zero": one_of(*ZERO_STAGES),
     "lr": positive,
     "weight_decay": at_least(0),
@@ -44,8 +44,15 @@ class Config:
     ep: int = 1
     """Expert-parallel degree: each MoE layer's experts split across this many of the dp ranks (ep divides dp);
     tokens travel to their experts by all-to-all. The world stays dp·tp·pp."""
+    cp: int = 1
+    """Context-parallel degree: each sequence split over this many ranks (causally balanced chunks), attention over
+    the whole of it by a ring exchange of keys and values. The world is dp·cp·tp·pp; cp ranks average their
+    gradients with the dp ranks."""
     zero: int = 0
     """ZeRO stage 0-3 across the dp ranks (0 DDP, 1 +sharded optimizer, 2 FSDP2 no reshard, 3 FSDP2)."""
+    dp_replicate: int = 1
+    """HSDP (zero 2/3): the dp ranks form dp_replicate groups of dp/dp_replicate; FSDP2 shards within a group and
+    replicates across groups (a 2-D (dp_replicate, dp_shard) mesh). 1: shard over all dp ranks."""
     schedule: Schedule = "1f1b"
     """Pipeline schedule when pp > 1: "gpipe", "1f1b", "interleaved_1f1b", or with split backwards (input- and
     weight-gradient halves) "interleaved_zb" (ZB1P), "zbv" (ZB-V) or "dualpipev" (DualPipeV); see SCHEDULE_HELP."""
@@ -89,14 +96,21 @@ class Config:
     def degrees(self) -> Degrees:
         """The parallel degrees as one value (what builds the mesh). ZeRO 0/1 keep whole parameters on every dp
         rank (dp_replicate = dp); ZeRO 2/3 are FSDP2, which shards them (dp_shard = dp)."""
-        sharded = self.zero >= 2
-        return Degrees(pp=self.pp, tp=self.tp, ep=self.ep,
-                       dp_replicate=1 if sharded else self.dp, dp_shard=self.dp if sharded else 1)
+        if self.zero >= 2:
+            replicate, shard = self.dp_replicate, self.dp // self.dp_replicate
+        else:
+            replicate, shard = self.dp, 1
+        return Degrees(pp=self.pp, tp=self.tp, ep=self.ep, cp=self.cp, dp_replicate=replicate, dp_shard=shard)
 
     @property
     def world_size(self) -> int:
-        """Ranks this layout needs: dp·tp·pp."""
-        return self.dp * self.tp * self.pp
+        """Ranks this layout needs: dp·cp·tp·pp."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def hsdp(self) -> bool:
+        """FSDP2 replicated across dp_replicate groups and sharded within each (zero 2/3, 1 < dp_replicate < dp)."""
+        return self.zero >= 2 and 1 < self.dp_replicate < self.dp
 
     @property
     def micro_batch_size(self) -> int:
@@ -110,11 +124,14 @@ class Config:
     @property
     def layout(self) -> str:
         """A short name for the layout, e.g. "dp2·tp2·zero1·bf16"."""
-        parts = [f"{a}{n}" for a, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1] or ["single"]
+        parts = [f"{a}{n}" for a, n in (("dp", self.dp), ("cp", self.cp), ("tp", self.tp), ("pp", self.pp))
+                 if n > 1] or ["single"]
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
         if self.zero:
             parts.append(f"zero{self.zero}")
+        if self.hsdp:
+            parts.append(f"hsdp{self.dp_replicate}×{self.dp // self.dp_replicate}")
         if self.pp > 1:
             parts.append(f"{self.schedule}×{self.micro_batches}")
         if self.activation_checkpointing != "none":

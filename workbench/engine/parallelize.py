@@ -8,14 +8,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from workbench.config import Config
 from workbench.engine.mesh import mesh_axis
 from workbench.engine.model import Transformer
-from workbench.engine.parallel.data_parallel import apply_dp
+from workbench.engine.parallel.context import apply_cp
+from workbench.engine.parallel.data_parallel import apply_dp, gradient_mesh
 from workbench.engine.parallel.expert import apply_ep
 from workbench.engine.parallel.recompute import apply_ac
 from workbench.engine.parallel.tensor import apply_tp
 
 
 def parallelize(model: Transformer, mesh: DeviceMesh, cfg: Config) -> nn.Module:
-    """Apply `cfg`'s layout to `model` on this rank's slice of `mesh`: TP → EP → AC → DP/ZeRO.
+    """Apply `cfg`'s layout to `model` on this rank's slice of `mesh`: TP → CP → EP → AC → DP/ZeRO.
 
     The order is forced:
     - TP first: its plans address submodules by their paths in the bare model
@@ -27,11 +28,18 @@ def parallelize(model: Transformer, mesh: DeviceMesh, cfg: Config) -> nn.Module:
       in backward) and DDP must wrap the finished module tree.
     - DP/ZeRO last: DDP and FSDP2 hook the parameters as they finally are, and
       FSDP2 shards TP's DTensors over the dp axis, making them 2-D (dp, tp).
+    - CP after TP: it swaps only attention's kernel (`attention.core`, no
+      parameters) for the ring exchange and the rotary table for this rank's
+      positions; under TP that kernel runs on the rank's local heads, so the
+      ring is per tp rank. Before AC, so recomputation re-runs the exchange,
+      and before DP, whose gradient average then spans dp·cp ("dp_cp"): every
+      cp rank holds the same weights and computed gradients from other tokens.
     - EP between TP and AC (torchtitan's order): it swaps each MoE layer's
       experts for this rank's slice, which AC must then recompute (all-to-alls
       included) and DP must see as the parameters, to sync them over "edp" only.
     """
     model = apply_tp(model, mesh["tp"], cfg)
+    model = apply_cp(model, mesh, cfg)
     model = apply_ep(model, mesh, cfg)
     model = apply_ac(model, mesh, cfg)
-    return apply_dp(model, mesh["dp"], cfg, expert_mesh=mesh_axis(mesh, cfg, "edp"))
+    return apply_dp(model, gradient_mesh(mesh, cfg), cfg, expert_mesh=mesh_axis(mesh, cfg, "edp"))

@@ -75,7 +75,7 @@ def export_full_state(trainer: Any) -> dict[str, Any]:
     for module, opt in zip(trainer.modules, trainer.optimizers):
         shards = expert_shards(module, bare_name)
         model.update(_to_cpu(_gather_experts(get_model_state_dict(module, options=FULL), shards)))
-        optim.update(_to_cpu(_gather_experts(_export_optimizer(module, opt, trainer.mesh["dp"]), shards)))
+        optim.update(_to_cpu(_gather_experts(_export_optimizer(module, opt, trainer.dp_mesh), shards)))
     state = {
         "model": model,
         "optim": optim,

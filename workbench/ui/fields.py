@@ -130,11 +130,31 @@ def _moe_help(v: Values) -> str | None:
             + split)
 
 
+def _cp_help(v: Values) -> str | None:
+    if v.cp == 1:
+        return None
+    share = v.seq_len // (2 * v.cp)
+    return (f"cp={v.cp}: each rank holds {2 * share} of the {v.seq_len} tokens of every sequence (2 balanced chunks "
+            f"of {share}), so its activations are 1/{v.cp}; keys and values go round the cp ring in every attention, "
+            "and the cp ranks average their gradients with the dp ranks")
+
+
+def _hsdp_help(v: Values) -> str | None:
+    if v.dp_replicate == 1 or v.zero < 2 or v.dp % v.dp_replicate:
+        return None
+    return (f"HSDP: {v.dp_replicate} replica groups of {v.dp // v.dp_replicate} ranks; FSDP2 shards within a group "
+            "(reduce-scatter) and all-reduces the shards across the groups")
+
+
 CONTROLS: tuple[Control, ...] = (
     Control("dp", "layout", degree("dp", "data-parallel degree")),
     Control("tp", "layout", degree("tp", "tensor-parallel degree")),
     Control("pp", "layout", degree("pp", "pipeline-parallel degree")),
+    Control("cp", "layout", degree("cp", "context-parallel degree: each sequence split across this many ranks"),
+            help=_cp_help),
     Control("zero", "layout", toggle("ZeRO", (0, 1, 2, 3), "ZeRO stage across the dp ranks"), help=_zero_help),
+    Control("dp_replicate", "layout", degree("HSDP replicas", "zero 2/3: dp ranks in this many replica groups, "
+                                             "FSDP2 sharding within each"), help=_hsdp_help),
     Control("schedule", "pipeline", dropdown("schedule", choices("schedule"), 210),
             help=lambda v: SCHEDULE_HELP[v.schedule] if v.pp > 1 else None, active=lambda v: v.pp > 1),
     Control("micro_batches", "pipeline", integer("micro-batches", 1, 1024, 150)),
