@@ -272,8 +272,9 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
         layout["training.disable_cuda_graphs"] = True  # torchtitan 0.3 captures no pipeline in a CUDA graph yet
         layout["parallelism.pipeline_parallel_schedule"] = _TITAN_SCHEDULE[cfg.schedule]
         layout["parallelism.pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
-        if cfg.schedule == "interleaved_1f1b":
-            layout["parallelism.pipeline_parallel_layers_per_stage"] = cfg.model.n_layers // (cfg.pp * cfg.stages_per_rank)
+        if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
+            per_stage = cfg.model.n_layers // (cfg.pp * config_stages(cfg))
+            layout["parallelism.pipeline_parallel_layers_per_stage"] = per_stage
     # AdamW as the workbench runs it (torch's defaults but lr and weight decay), at a constant learning rate: no
     # warm-up, and a decay whose floor is the learning rate itself.
     adamw = "optimizer.param_groups.0.optimizer_kwargs"
