@@ -347,6 +347,7 @@ REFUSED = [
     (dict(pp=2, dp=2, schedule="dualpipev", micro_batches=4, compression="powersgd"), "compression", "zero=2"),
     (dict(pp=2, dp=2, schedule="zbv", micro_batches=2, offload=True), "offload", "zero=2 with offload"),
     (dict(model=ModelConfig.preset("tiny-moe"), pp=2, dp=2, ep=2, schedule="zbv", micro_batches=2), "ep", "zero=2"),
+    (dict(pp=2, schedule="zbv", micro_batches=2, compile=True), "compile", "compile=False"),
 ]
 
 

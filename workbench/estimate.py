@@ -106,6 +106,14 @@ ZERO_PAPER_STATE_BYTES = StateBytes(parameters=2, gradients=2, optimizer=12)
 """Rajbhandari et al. 2020 (ZeRO), section 3.1: mixed-precision Adam keeps fp16 parameters and gradients (2+2 B)
 and K = 12 B of optimizer state (fp32 master parameters, momentum, variance)."""
 
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "lion": 4, "sgd": 4}
+"""fp32 optimizer state per parameter by Config.optimizer: AdamW's two moments, Lion's one, SGD's momentum buffer."""
+
+
+def engine_state_bytes(optimizer: str) -> StateBytes:
+    """What the engine keeps per parameter with `optimizer` (ENGINE_STATE_BYTES is AdamW's)."""
+    return StateBytes(parameters=4, gradients=4, optimizer=OPTIMIZER_STATE_BYTES[optimizer])
+
 
 def model_state_memory(params: int, dp: int, zero: int,
                        state: StateBytes = ENGINE_STATE_BYTES) -> tuple[int, int, int]:
@@ -346,7 +354,7 @@ class _StagePlan:
         # Stage boundaries this rank crosses per micro-batch: an input from the stage before (all but stage 0) and
         # a gradient from the stage after (all but the last), each received and, by the neighbour, sent.
         self.boundaries = sum(s > 0 for s in self.stages) + sum(s < self.last_stage for s in self.stages)
-        self.autocast = cfg.precision in ("bf16", "fp16")
+        self.autocast = cfg.precision in ("bf16", "fp16", "fp8_tensorwise", "fp8_rowwise")  # fp8: bf16 beside
         self.act_bytes = 2 if self.autocast else 4
         block_full, head_full = _matmul_params(m)
         # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
@@ -510,8 +518,9 @@ class _StagePlan:
             other += max(self.layer_activations(i) for i in self.layers if self._is_checkpointed(i))
         # Expert slices are synchronised and sharded over edp = dp/ep, everything else over dp.
         split_experts = self.expert_params if cfg.ep > 1 else 0
-        dense = model_state_memory(self.params - split_experts, self.shard_ranks, zero)
-        sliced = model_state_memory(split_experts, edp, zero)
+        state = engine_state_bytes(cfg.optimizer)
+        dense = model_state_memory(self.params - split_experts, self.shard_ranks, zero, state)
+        sliced = model_state_memory(split_experts, edp, zero, state)
         parameters, gradients, optimizer = (a + b for a, b in zip(dense, sliced))
         memory = Memory(
             parameters=parameters,

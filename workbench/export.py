@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.config import PRESETS, Config
+from workbench.config import FP8, PRESETS, Config
 from workbench.schedules import config_stages
 
 Device = Literal["cuda", "cpu"]
@@ -45,6 +45,8 @@ class Launch:
     """Optimizer steps the run trains."""
     save_every: int = 100
     """Checkpoint every this many steps (into ckpt/ beside config.json)."""
+    async_save: bool = False
+    """Write those checkpoints in the background while training goes on (torchtitan's checkpoint.async_mode)."""
     port: int = 29500
     """Rendezvous port on the first node."""
 
@@ -53,6 +55,8 @@ class Launch:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if not isinstance(self.async_save, bool):
+            raise ValueError(f"async_save: must be True or False, got {self.async_save!r}")
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"device: {self.device!r} is not 'cuda' or 'cpu'")
 
@@ -95,7 +99,8 @@ def config_json(cfg: Config) -> str:
 def train_arguments(launch: Launch, config: str = "config.json") -> list[str]:
     """The arguments of `python -m workbench.train` for this launch, paths relative to the export directory."""
     return ["-m", "workbench.train", config, "--steps", str(launch.steps), "--save-every", str(launch.save_every),
-            "--save-to", "ckpt", "--metrics", "metrics.jsonl", "--device", launch.device]
+            "--save-to", "ckpt", "--metrics", "metrics.jsonl", "--device", launch.device,
+            *(["--async-save"] if launch.async_save else [])]
 
 
 def torchrun_command(launch: Launch, *, node_rank: str = "$NODE_RANK", master_addr: str = "$MASTER_ADDR",
@@ -231,7 +236,7 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
     if cfg.cp > 1 and cfg.zero < 2:
         missing.append(f"zero={cfg.zero} with cp={cfg.cp}: torchtitan always applies FSDP over dp_shard·cp, so the "
                        "cp ranks shard the parameters there; the workbench replicates them (DDP over dp·cp)")
-    titan_precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.precision, "bfloat16")
+    titan_precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.precision, "bfloat16")  # fp8: bf16 beside
     if cfg.precision == "fp16":
         missing.append("precision=fp16 with dynamic loss scaling: torchtitan trains in bf16 (written as bfloat16)")
     if cfg.precision == "bf16":
@@ -245,6 +250,10 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
     if cfg.offload:
         missing.append("offload: torchtitan's training.enable_cpu_offload is FSDP2's CPUOffloadPolicy (zero 2/3 "
                        "here); the workbench's zero 0/1 host AdamW has no counterpart")
+    if cfg.optimizer != "adamw":
+        missing.append(f"optimizer={cfg.optimizer}: torchtitan builds Adam and AdamW only (written as AdamW)")
+    if cfg.cuda_graphs:
+        missing.append("cuda_graphs (torch.compile mode=\"reduce-overhead\"): torchtitan's compile settings have no mode")
     return _TitanLayout(flavor or "8B", local_batch, replicate, shard, reshard, titan_precision, tuple(missing))
 
 
@@ -281,6 +290,16 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
     layout.update({f"{adamw}.lr": cfg.lr, f"{adamw}.weight_decay": cfg.weight_decay,
                    "lr_scheduler.warmup_steps": 0, "lr_scheduler.min_lr_factor": 1.0,
                    "debug.seed": cfg.seed, "checkpoint.enable": True, "checkpoint.interval": launch.save_every})
+    if launch.async_save:
+        layout["checkpoint.async_mode"] = "async"
+    if cfg.compile:
+        # Per transformer block, as the workbench compiles (torchtitan's default also compiles the loss).
+        layout.update({"compile.enable": True, "compile.components": "model", "compile.backend": cfg.compile_backend})
+    missing = list(t.missing)
+    if cfg.precision in FP8:
+        missing.append(f"precision={cfg.precision}: torchtitan 0.3 converts linears to Float8 in a config_registry "
+                       "function (a Float8LinearConverter in its model_spec, rowwise recipes only), not by a "
+                       "command-line override: add such a function for this flavor (torchtitan.toml has [float8])")
     args = ["--module", "llama3", "--config", _TITAN_REGISTRY[t.flavor]]
     for key, value in layout.items():
         if value is True:
@@ -289,7 +308,7 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
             args += [f"--{key}", repr(value) if isinstance(value, float) else str(value)]
     args += [f"--{adamw}.betas", "0.9", "0.999"]  # torch's AdamW default; torchtitan's is (0.9, 0.95)
     args.append(f"activation-checkpoint:{_TITAN_AC[cfg.activation_checkpointing]}")
-    return args, t.missing
+    return args, tuple(missing)
 
 
 def torchtitan_script(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
@@ -333,7 +352,8 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     """The nearest torchtitan job config for `cfg`'s layout as the TOML job file of torchtitan releases before 0.3
     (`--job.config_file`), and what in `cfg` it cannot express. torchtitan 0.3 reads none: see `torchtitan_script`.
 
-    Field names are torchtitan's JobConfig ([training], [parallelism], [activation_checkpoint], [optimizer]).
+    Field names are torchtitan's JobConfig ([training], [parallelism], [activation_checkpoint], [optimizer],
+    [compile], [float8], [checkpoint]).
     """
     t = _titan_layout(cfg)
     missing = [m for m in t.missing if not m.startswith("recompute every other block")]
@@ -341,6 +361,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
                    "effectively no clipping are written; set [lr_scheduler] to hold it constant in your version)")
     flavor, local_batch, titan_precision = t.flavor, t.local_batch, t.precision
     replicate, shard, reshard = t.replicate, t.shard, t.reshard
+    float8_lines = _float8_lines(cfg)
 
     ac_lines = ['mode = "none"']
     if cfg.activation_checkpointing == "full":
@@ -365,6 +386,13 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         "[model]",
         'name = "llama3"',
         f'flavor = "{flavor}"',
+        *(['converters = ["float8"]'] if float8_lines else []),
+        "",
+        *float8_lines,
+        "[compile]",
+        f"enable = {str(cfg.compile).lower()}",
+        'components = ["model"]  # per transformer block, as the workbench compiles',
+        f'backend = "{cfg.compile_backend}"',
         "",
         "[optimizer]",
         'name = "AdamW"',
@@ -399,6 +427,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         "[checkpoint]",
         "enable_checkpoint = true",
         f"interval = {launch.save_every}",
+        f'async_mode = "{"async" if launch.async_save else "disabled"}"',
         "",
         "# Not expressible in torchtitan's config (the workbench's value is in config.json):",
         *[f"#   - {item}" for item in missing],
@@ -406,12 +435,23 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     return "\n".join(lines) + "\n", tuple(missing)
 
 
+def _float8_lines(cfg: Config) -> list[str]:
+    """torchtitan's [float8] section for an fp8 precision (its model converter "float8"); none otherwise."""
+    if cfg.precision not in FP8:
+        return []
+    if cfg.precision == "fp8_rowwise":
+        return ["[float8]", 'recipe_name = "rowwise"', ""]
+    fsdp = str(cfg.zero >= 2).lower()  # tensorwise: weights all-gathered in fp8 under FSDP2, as the workbench does
+    return ["[float8]", f"enable_fsdp_float8_all_gather = {fsdp}",
+            f"precompute_float8_dynamic_scale_for_fsdp = {fsdp}", ""]
+
+
 def export(cfg: Config, directory: str | Path, launch: Launch | None = None, **launch_kwargs) -> Exported:
     """Write config.json, run.sh, run.sbatch, accelerate.yaml, torchtitan.sh and torchtitan.toml for `cfg` into
     `directory`.
 
-    `launch` (or Launch.for_config's keywords: gpus_per_node, device, steps, save_every, port) says how the
-    ranks are spread over nodes; its world must be the layout's dp·cp·tp·pp.
+    `launch` (or Launch.for_config's keywords: gpus_per_node, device, steps, save_every, async_save, port) says
+    how the ranks are spread over nodes; its world must be the layout's dp·cp·tp·pp.
     """
     if launch is None:
         launch = Launch.for_config(cfg, **launch_kwargs)

@@ -17,15 +17,35 @@ from the hint); a rule that relates it to other fields is one function in
 needs nothing.
 """
 
-from workbench.config.choices import Compression, Precision, Recompute, Schedule, checkpointed_blocks
+from workbench.config.choices import (
+    FP8,
+    CompileBackend,
+    Compression,
+    Optimizer,
+    Precision,
+    Recompute,
+    Schedule,
+    checkpointed_blocks,
+)
 from workbench.config.degrees import Degrees, MeshLayout, divisors
-from workbench.config.help_text import COMPRESSION_HELP, OFFLOAD_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP
+from workbench.config.help_text import (
+    COMPILE_HELP,
+    COMPRESSION_HELP,
+    CUDA_GRAPHS_HELP,
+    OFFLOAD_HELP,
+    OPTIMIZER_HELP,
+    PRECISION_HELP,
+    RECOMPUTE_HELP,
+    SCHEDULE_HELP,
+    ZERO_HELP,
+)
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import ConfigError
 from workbench.config.run import Config
 
 __all__ = [
-    "COMPRESSION_HELP", "OFFLOAD_HELP", "PRESETS", "RECOMPUTE_HELP", "SCHEDULE_HELP", "ZERO_HELP", "Compression",
-    "Config", "ConfigError", "Degrees", "MeshLayout", "ModelConfig", "Precision", "Recompute", "Schedule",
-    "checkpointed_blocks", "divisors",
+    "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
+    "ConfigError", "Degrees", "FP8", "MeshLayout", "ModelConfig", "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer",
+    "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP", "Recompute", "SCHEDULE_HELP", "Schedule",
+    "ZERO_HELP", "checkpointed_blocks", "divisors",
 ]

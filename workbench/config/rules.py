@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from workbench.config.degrees import divisors
+from workbench.config.choices import FP8
 from workbench.config.refusals import refuse
 from workbench.schedules import MULTI_STAGE, V_SHAPED, config_stages, splits_backward
 
@@ -73,6 +74,15 @@ def pipeline_has_enough_micro_batches(cfg: Config) -> None:
     if cfg.schedule in MULTI_STAGE and m % pp:
         raise refuse("micro_batches", f"{cfg.schedule} needs micro_batches ({m}) to be a multiple of pp={pp}",
                      f"set micro_batches to a multiple of {pp}")
+
+
+def split_backward_runs_eager(cfg: Config) -> None:
+    """torch 2.13's zero-bubble schedules refuse compiled stages ("we dont support input/weight backward split with
+    torch.compile"): a compiled block's backward is one fused kernel graph, with no input-gradient half to run alone."""
+    if splits_backward(cfg) and cfg.compile:
+        raise refuse("compile", f"compile=True with {cfg.schedule}: the split backward (I, then W) needs the eager "
+                     "autograd graph, and a compiled block's backward is one fused graph",
+                     "set compile=False, or schedule 1f1b/interleaved_1f1b")
 
 
 def split_backward_has_its_data_parallel(cfg: Config) -> None:
@@ -152,6 +162,40 @@ def offload_has_plain_parameters(cfg: Config) -> None:
                      "zero 0/1 holds plain tensors, not tensor-parallel DTensors)", "set tp=1 or offload=False")
 
 
+def compile_settings_fit(cfg: Config) -> None:
+    """CUDA Graphs are torch.compile's; they replay kernels on inputs that stay where they were captured."""
+    if cfg.cuda_graphs and not cfg.compile:
+        raise refuse("cuda_graphs", "CUDA Graphs here are torch.compile's mode=\"reduce-overhead\", and compile=False",
+                     "set compile=True with cuda_graphs=True")
+    if not cfg.cuda_graphs:
+        return
+    if cfg.compile_backend != "inductor":
+        raise refuse("cuda_graphs", f"CUDA Graphs are inductor's (compile_backend={cfg.compile_backend!r})",
+                     'set compile_backend="inductor"')
+    if cfg.zero >= 2:
+        raise refuse("cuda_graphs", f"zero={cfg.zero} is FSDP2, which gathers each block's parameters into new memory "
+                     "every step: a captured graph would read the old addresses", "use zero=0 or 1, or cuda_graphs=False")
+    if cfg.offload:
+        raise refuse("cuda_graphs", "offload keeps the optimizer step on the host, outside any CUDA graph",
+                     "set offload=False or cuda_graphs=False")
+    if cfg.pp > 1 or cfg.model.n_experts:
+        what = f"pp={cfg.pp}" if cfg.pp > 1 else "a mixture of experts (data-dependent routing)"
+        raise refuse("cuda_graphs", f"CUDA Graphs with {what} are not checked in this workbench",
+                     "use a dense model without a pipeline for cuda_graphs, or cuda_graphs=False")
+
+
+def fp8_fits(cfg: Config) -> None:
+    """torchao's Float8 linears: wired with FSDP2 and DDP, not with tensor parallel (which needs torchao's own
+    Float8 styles) nor with offload."""
+    if cfg.precision not in FP8:
+        return
+    if cfg.tp > 1:
+        raise refuse("precision", f"{cfg.precision} with tp={cfg.tp}: tensor parallel fp8 needs torchao's Float8 "
+                     "tensor-parallel styles, not wired here", "use tp=1 with fp8 (any zero stage), or bf16")
+    if cfg.offload:
+        raise refuse("precision", f"{cfg.precision} with offload is not wired here", "set offload=False, or bf16")
+
+
 RULES: tuple[Callable[[Config], None], ...] = (
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
@@ -161,8 +205,11 @@ RULES: tuple[Callable[[Config], None], ...] = (
     batch_splits_and_sequence_fits,
     zero_has_ranks_to_shard_over,
     split_backward_has_its_data_parallel,
+    split_backward_runs_eager,
     compression_has_a_sync_to_compress,
     offload_has_plain_parameters,
+    compile_settings_fit,
+    fp8_fits,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""
 

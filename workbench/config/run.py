@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import ZERO_STAGES, Compression, Precision, Recompute, Schedule
+from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, Optimizer, Precision
+from workbench.config.choices import Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
@@ -64,15 +65,18 @@ class Config:
     activation_checkpointing: Recompute = "none"
     """Recompute activations in backward: "none", "selective" (every other block) or "full"."""
     precision: Precision = "fp32"
-    """"fp32", "bf16" (autocast) or "fp16" (autocast + dynamic loss scaling)."""
+    """"fp32", "bf16" (autocast), "fp16" (autocast + dynamic loss scaling), or "fp8_tensorwise" / "fp8_rowwise"
+    (torchao Float8 linears, bf16 elsewhere; a GPU with fp8, sm_89 or newer). See PRECISION_HELP."""
     batch_size: int = 16
     """Sequences per optimizer step, across all data-parallel ranks (the global batch)."""
     seq_len: int = 128
     """Tokens per sequence."""
     lr: float = 3e-3
-    """AdamW learning rate, > 0 and finite."""
+    """The optimizer's learning rate, > 0 and finite (for Lion about 3-10× smaller than AdamW's)."""
     weight_decay: float = 0.0
-    """AdamW weight decay, ≥ 0."""
+    """The optimizer's weight decay, ≥ 0 (decoupled, as AdamW's, for AdamW and Lion)."""
+    optimizer: Optimizer = "adamw"
+    """"adamw" (two moments), "lion" (one moment, sign update) or "sgd" (momentum 0.9). See OPTIMIZER_HELP."""
     seed: int = 0
     """Seeds the model's initial weights and the order of the data (64 bits)."""
     compression: Compression = "none"
@@ -83,6 +87,14 @@ class Config:
     offload: bool = False
     """ZeRO-Offload: optimizer state (AdamW moments, fp32 master weights) and the optimizer step on the host
     (CPU memory), parameters copied back to the device after each step. See OFFLOAD_HELP."""
+    compile: bool = False
+    """torch.compile each transformer block (inductor); the first step of a new layout compiles. See COMPILE_HELP."""
+    compile_backend: CompileBackend = "inductor"
+    """What compile generates code with: "inductor" (fused C++/Triton kernels) or "aot_eager" (the same captured
+    forward and backward graphs run by eager kernels: checks the capture in seconds, no code generation)."""
+    cuda_graphs: bool = False
+    """CUDA Graphs: replay each compiled block's kernels (torch.compile mode="reduce-overhead"); needs compile and a
+    CUDA device, not with zero 2/3, offload, pp or experts. See CUDA_GRAPHS_HELP."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -143,6 +155,11 @@ class Config:
                          else f"powersgd{self.powersgd_rank}")
         if self.offload:
             parts.append("offload")
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
+        if self.compile:
+            backend = "" if self.compile_backend == "inductor" else f"({self.compile_backend})"
+            parts.append("compiled" + backend + ("+graphs" if self.cuda_graphs else ""))
         return "·".join(parts)
 
     # -- checks against where it runs ---------------------------------------------------------------------
@@ -150,12 +167,20 @@ class Config:
         """Refuse a layout that does not fill a pool of `world_size` ranks."""
         self.degrees.check_world(world_size)
 
-    def check_device(self, device: str, *, fp16: bool = True, bf16: bool = True) -> None:
-        """Refuse a precision the ranks' device cannot run."""
+    def check_device(self, device: str, *, fp16: bool = True, bf16: bool = True, fp8: bool = True,
+                     cuda: bool = True) -> None:
+        """Refuse what the ranks' device cannot run: a precision, fp8 matmuls, CUDA Graphs."""
         if self.precision == "fp16" and not fp16:
             raise refuse("precision", f"fp16 is not supported on {device}", 'use precision="bf16" or "fp32"')
         if self.precision == "bf16" and not bf16:
             raise refuse("precision", f"bf16 is not supported on {device}", 'use precision="fp16" or "fp32"')
+        if self.precision in FP8 and not fp8:
+            raise refuse("precision", f"{self.precision} needs fp8 matrix units, which {device} does not have "
+                         "(NVIDIA compute capability 8.9 or newer: L4, L40, RTX 4090, H100, H200, B200)",
+                         'use precision="bf16" here, and fp8 on such a GPU')
+        if self.cuda_graphs and not cuda:
+            raise refuse("cuda_graphs", f"CUDA Graphs capture CUDA kernels, and the ranks run on {device}",
+                         "set cuda_graphs=False (compile=True alone runs on the CPU), or use a CUDA device")
 
     def replace(self, **changes: Any) -> Config:
         """`dataclasses.replace`, validated."""

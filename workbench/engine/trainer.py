@@ -26,6 +26,7 @@ from workbench.engine.model import build_model, loss_fn, set_moe_aux_grad_scale
 from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.context import shard_sequence
 from workbench.engine.parallel.data_parallel import build_optimizer, gradient_mesh, gradient_sync
+from workbench.engine.parallel.float8 import after_optimizer_step
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
 from workbench.engine.routing import RouterTally
@@ -120,6 +121,7 @@ class Trainer:
         # that torch.distributed.checkpoint can turn into a full state dict on its own.
         self.optimizers = [build_optimizer(module, self.dp_mesh, cfg) for module in self.modules]
         self.precision = MixedPrecision(cfg, self.device.type)
+        self._after_update = after_optimizer_step(cfg)  # fp8 with FSDP2: the next gather's scales, in one go
         self.steps_done = 0
         """Optimizer steps run by this trainer, skipped ones included; carried across a reshard."""
         self.skipped_steps = 0
@@ -159,6 +161,8 @@ class Trainer:
         self.probe.before_vote()  # what the dp group sent before the vote is the gradient sync
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
         self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skipped and not agreed.overflow)
+        if not agreed.skipped:
+            self._after_update(self.modules)
         self._drop_gradients()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so the step time includes the optimizer's kernels

@@ -31,15 +31,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import (
-    COMPRESSION_HELP,
-    OFFLOAD_HELP,
-    RECOMPUTE_HELP,
-    SCHEDULE_HELP,
-    ZERO_HELP,
-    Config,
-    divisors,
-)
+from workbench.config import COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP, OPTIMIZER_HELP
+from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, divisors
 from workbench.schedules import MULTI_STAGE
 
 Values = SimpleNamespace
@@ -163,7 +156,8 @@ CONTROLS: tuple[Control, ...] = (
     Control("recompute", "pipeline", toggle("recompute", choices("activation_checkpointing"),
                                              "activation checkpointing"),
             field="activation_checkpointing", help=lambda v: RECOMPUTE_HELP[v.activation_checkpointing]),
-    Control("precision", "pipeline", toggle("precision", choices("precision"), "compute precision")),
+    Control("precision", "pipeline", toggle("precision", choices("precision"), "compute precision"),
+            help=lambda v: PRECISION_HELP[v.precision] if v.precision in FP8 else None),
     Control("batch_size", "training", integer("batch", 1, 1 << 20, 130)),
     Control("seq_len", "training", integer("seq_len", 1, 1 << 20, 140)),
     Control("lr", "training", number("lr", 1e-4, 140)),
@@ -172,6 +166,11 @@ CONTROLS: tuple[Control, ...] = (
             help=lambda v: COMPRESSION_HELP[v.compression] if v.compression != "none" else None),
     Control("offload", "training", flag("offload optimizer (ZeRO-Offload)"),
             help=lambda v: OFFLOAD_HELP if v.offload else None),
+    Control("optimizer", "compiler", toggle("optimizer", choices("optimizer"), "the optimizer"),
+            help=lambda v: OPTIMIZER_HELP[v.optimizer] if v.optimizer != "adamw" else None),
+    Control("compile", "compiler", flag("torch.compile", 150), help=lambda v: COMPILE_HELP if v.compile else None),
+    Control("cuda_graphs", "compiler", flag("CUDA Graphs", 150),
+            help=lambda v: CUDA_GRAPHS_HELP if v.cuda_graphs else None, active=lambda v: v.compile),
     Control("ep", "experts", degree("ep", "expert-parallel degree: experts split across this many of the dp ranks"),
             help=_moe_help),
     Control("top_k", "experts", integer("top-k", 1, 1024, 110), field="model.top_k", active=_moe),

@@ -51,7 +51,8 @@ from torch.nn.parallel import DistributedDataParallel
 from workbench.config import Config
 from workbench.engine.model import Transformer
 from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
-from workbench.engine.parallel.offload import HostOffloadAdamW
+from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
+from workbench.engine.parallel.offload import HostOffload
 from workbench.schedules import splits_backward
 
 
@@ -161,13 +162,16 @@ def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
 
 
 def build_optimizer(module: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> torch.optim.Optimizer:
-    """AdamW over `module`'s parameters; with zero=1 its state is sharded over the dp axis.
+    """The Config's optimizer (`engine/optimizers.py`) over `module`'s parameters; with zero=1 its state is
+    sharded over the dp axis.
 
-    With cfg.offload and zero 0/1 the AdamW is `HostOffloadAdamW` (state and step on the host); with
-    zero 2/3 FSDP2's CPUOffloadPolicy already put the shards on the host, so a plain AdamW steps there.
+    With cfg.offload and zero 0/1 it is its `HostOffload` version (state and step on the host); with zero 2/3
+    FSDP2's CPUOffloadPolicy already put the shards on the host, so the plain optimizer steps there.
     """
-    hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
-    optimizer_class = HostOffloadAdamW if cfg.offload and (cfg.zero <= 1 or dp_mesh.size() == 1) else torch.optim.AdamW
+    hyper = hyperparameters(cfg)
+    optimizer_class = OPTIMIZERS[cfg.optimizer]
+    if cfg.offload and (cfg.zero <= 1 or dp_mesh.size() == 1):
+        optimizer_class = HostOffload.of(optimizer_class)
     if cfg.zero == 1 and dp_mesh.size() > 1:
         return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_class,
                                        process_group=dp_mesh.get_group(), **hyper)

@@ -80,6 +80,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
+from workbench.engine.precision import DTYPES
 from workbench.schedules import (
     TORCH_CLASSES,
     Grid,
@@ -95,8 +96,6 @@ from workbench.schedules.torch_orders import SINGLE_STAGE
 ActionHook = Callable[[Kind, int, int, int, int], None]
 """on_action(kind, stage, microbatch, start_ns, end_ns): one measured F, B, I or W."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def model_chunk(model: Transformer, layers: range, *, first: bool, last: bool) -> Transformer:
@@ -297,8 +296,8 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     stages: list[_TimedStage] = []
     for stage_id in config_rank_stages(cfg, pp_rank):
         chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
-        if cfg.precision in _AUTOCAST_DTYPES:
-            autocast_forward(chunk, device.type, _AUTOCAST_DTYPES[cfg.precision])
+        if DTYPES[cfg.precision] is not None:  # the one table of autocast dtypes (engine/precision.py)
+            autocast_forward(chunk, device.type, DTYPES[cfg.precision])
         if parallelize_chunk is not None:
             chunk = parallelize_chunk(chunk)
         if isinstance(chunk, DistributedDataParallel):
