@@ -26,18 +26,15 @@ from workbench.engine.parallel.pipeline import model_chunk
 from workbench.schedules import (
     SPLIT_BACKWARD,
     ActionInterval,
-    bubble_formula,
     config_rank_stages,
     config_stages,
     measured_bubble,
-    measured_durations,
     measured_orders,
     rank_orders,
     schedule_grid,
-    simulate,
     split_layers,
-    torch_rank_orders,
 )
+from workbench.telemetry.pipeline import pipeline_bubble
 
 STEPS = 5
 SMALL = dict(batch_size=8, seq_len=32)
@@ -192,22 +189,16 @@ def bubble_config(schedule: str, pp: int) -> Config:
 
 
 def measured_against_formula(cfg: Config, steps: list[list[dict]]) -> dict:
-    """Per timed step: the mean idle time per rank, its schedule's formula at the step's mean action times, and
-    the schedule's order replayed with each action's own measured time (no communication); in units of
-    U = (p-1)(F+B), 1F1B's bubble at those chunk times, so every schedule is judged on one scale."""
-    v = config_stages(cfg)
-    order = [list(o) for o in torch_rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, v)]
+    """Per timed step (`workbench.telemetry.pipeline.pipeline_bubble`): the mean idle time per rank, its schedule's
+    formula at the step's mean action times, and the schedule's order replayed with each action's own measured time
+    (no communication); in units of U = (p-1)(F+B), 1F1B's bubble at those chunk times, so every schedule is judged
+    on one scale. The median over the timed steps."""
     rows = []
     for ranks in zip(*steps):
-        intervals = [ActionInterval(*iv) for rank in ranks for iv in rank["intervals"]]
-        own = {(iv.stage, iv.kind, iv.microbatch): iv.end_ns - iv.start_ns for iv in intervals}
-        d = measured_durations(intervals)
-        unit = (cfg.pp - 1) * (d.F + d.B)
-        replay = simulate(order, lambda a: own[(a.stage, a.kind, a.microbatch)], v)
-        rows.append({"measured": measured_bubble(intervals).idle_ns / unit,
-                     "formula": bubble_formula(cfg.schedule, cfg.pp, d) / unit,
-                     "replay": sum(replay.idle_per_rank) / cfg.pp / unit,
-                     "cpu_over_busy": min(rank["cpu_over_busy"] for rank in ranks)})
+        bubble = pipeline_bubble(cfg, [ActionInterval(*iv) for rank in ranks for iv in rank["intervals"]])
+        unit = bubble.unit_ns
+        rows.append({"measured": bubble.measured.idle_ns / unit, "formula": bubble.formula_ns / unit,
+                     "replay": bubble.replay_ns / unit, "cpu_over_busy": min(r["cpu_over_busy"] for r in ranks)})
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 

@@ -54,6 +54,8 @@ class PipelineBubble:
     """The closed form of `ideal_fraction` where one is known (the 1F1B family, `ideal_bubble_fraction`), else None."""
     formula: str
     """The schedule's bubble per rank in action durations (`workbench.schedules.FORMULAS`)."""
+    pp: int
+    """Pipeline ranks."""
     measured: MeasuredBubble | None = None
     """Idle time per rank over the step's window; None before any step was measured."""
     durations: Durations | None = None
@@ -63,6 +65,14 @@ class PipelineBubble:
     schedule_ns: float | None = None
     """Mean idle time per rank of the schedule's own order run with the measured mean durations and no
     communication time (`workbench.schedules.simulate`): what the order costs at these durations (ns)."""
+    replay_ns: float | None = None
+    """The same with each action's own measured time: the bubble the dependencies alone explain; what the
+    measured bubble has beyond it is sends and per-action overhead (ns)."""
+
+    @property
+    def unit_ns(self) -> float | None:
+        """(p-1)(F+B) at the measured times: 1F1B's bubble at these chunk times, one scale for every schedule."""
+        return None if self.durations is None else (self.pp - 1) * (self.durations.F + self.durations.B)
 
 
 def pipeline_bubble(cfg: Config, intervals: list[ActionInterval]) -> PipelineBubble:
@@ -72,12 +82,14 @@ def pipeline_bubble(cfg: Config, intervals: list[ActionInterval]) -> PipelineBub
     ideal = PipelineBubble(
         ideal_fraction=config_grid(cfg).bubble_fraction,
         ideal_formula=("(p−1)/(v·m+p−1)" if v > 1 else "(p−1)/(m+p−1)") if one_f_one_b else None,
-        formula=FORMULAS[cfg.schedule])
+        formula=FORMULAS[cfg.schedule], pp=cfg.pp)
     if not intervals:
         return ideal
     d = measured_durations(intervals)
     order = rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, v)
-    timeline = simulate(order, d, v)
+    own = {(iv.stage, iv.kind, iv.microbatch): iv.end_ns - iv.start_ns for iv in intervals}
+    replay = simulate(order, lambda a: own.get((a.stage, a.kind, a.microbatch), d.of(a)), v)
     return replace(ideal, measured=measured_bubble(intervals), durations=d,
-                    formula_ns=bubble_formula(cfg.schedule, cfg.pp, d),
-                    schedule_ns=sum(timeline.idle_per_rank) / cfg.pp)
+                   formula_ns=bubble_formula(cfg.schedule, cfg.pp, d),
+                   schedule_ns=sum(simulate(order, d, v).idle_per_rank) / cfg.pp,
+                   replay_ns=sum(replay.idle_per_rank) / cfg.pp)
