@@ -122,6 +122,20 @@ def test_step_metrics_survive_a_jsonl_line():
     assert jsonl.loads(jsonl.dumps(m)) == m
 
 
+def test_the_torchtitan_launch_names_every_schedule_and_its_stages():
+    # torchtitan's names are torch's classes without "Schedule"; the V-shaped ones hold two stages per rank.
+    for schedule, name, spr in (("interleaved_zb", "InterleavedZeroBubble", 4), ("zbv", "ZBVZeroBubble", 2),
+                                ("dualpipev", "DualPipeV", 2)):
+        cfg = wb.Config(model=wb.ModelConfig.preset("8b"), dp=2, pp=4, zero=2, schedule=schedule, micro_batches=8,
+                        stages_per_rank=4, batch_size=32, seq_len=4096)
+        args, _ = ex.torchtitan_arguments(cfg, ex.Launch(nnodes=4, nproc_per_node=2))
+        flags = {key: args[i + 1] for i, key in enumerate(args[:-1]) if key.startswith("--")}
+        assert flags["--parallelism.pipeline_parallel_schedule"] == name, schedule
+        assert flags["--parallelism.pipeline_parallel_layers_per_stage"] == str(32 // (4 * spr)), schedule
+        job = tomllib.loads(ex.torchtitan_toml(cfg, ex.Launch(nnodes=4, nproc_per_node=2))[0])["parallelism"]
+        assert job["pipeline_parallel_schedule"] == name
+
+
 def test_the_torchtitan_launch_states_cp_and_hsdp_and_what_it_cannot():
     # torchtitan itself parses these in tests/test_export_torchtitan.py (where it is installed).
     cfg = wb.Config(model=wb.ModelConfig.preset("8b"), dp=8, cp=2, zero=3, dp_replicate=2, precision="bf16",

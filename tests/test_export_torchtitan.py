@@ -28,8 +28,11 @@ LAYOUTS = {
     "dp·tp·pp interleaved": wb.Config(model=BIG, dp=2, tp=2, pp=2, zero=2, schedule="interleaved_1f1b",
                                       micro_batches=4, batch_size=16, seq_len=4096),
     "ddp·cp": wb.Config(dp=2, cp=2, batch_size=8, seq_len=256),
+    "fsdp·pp zbv": wb.Config(model=BIG, dp=2, pp=4, zero=2, schedule="zbv", micro_batches=8, batch_size=32,
+                             seq_len=4096),
     "fsdp compiled": wb.Config(model=BIG, dp=8, zero=3, precision="bf16", compile=True, batch_size=16, seq_len=8192),
 }
+TITAN_SCHEDULES = {"interleaved_1f1b": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
 
 
 def parse(args: list[str]):
@@ -63,9 +66,10 @@ def test_torchtitan_reads_the_exported_layout(name):
     ac = job.activation_checkpoint  # the subcommand: None, or FullAC.Config / SelectiveAC.Config
     assert (ac.__class__.__qualname__ if ac is not None else "none") == \
         {"none": "none", "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[cfg.activation_checkpointing]
-    if cfg.pp > 1:
-        assert par.pipeline_parallel_schedule == "Interleaved1F1B" and par.pipeline_parallel_microbatch_size == 2
-        assert par.pipeline_parallel_layers_per_stage == BIG.n_layers // (cfg.pp * cfg.stages_per_rank)
+    if cfg.pp > 1:  # two stages per rank either way: interleaved with stages_per_rank=2, and ZBV's V
+        assert par.pipeline_parallel_schedule == TITAN_SCHEDULES[cfg.schedule]
+        assert par.pipeline_parallel_microbatch_size == cfg.micro_batch_size
+        assert par.pipeline_parallel_layers_per_stage == BIG.n_layers // (cfg.pp * 2)
 
 
 def test_the_script_runs_exactly_the_arguments_torchtitan_reads(tmp_path):

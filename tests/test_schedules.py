@@ -6,20 +6,31 @@ import random
 
 import pytest
 
+from workbench.config import Config, ConfigError, ModelConfig
 from workbench.schedules import (
+    SCHEDULES,
+    SPLIT_BACKWARD,
     Action,
     ActionInterval,
+    Durations,
     Grid,
+    bubble_formula,
+    config_stages,
     ideal_bubble_fraction,
     measured_bubble,
+    measured_durations,
     measured_grid,
     orders_from_torch,
     place,
+    placement,
     rank_orders,
     schedule_grid,
+    simulate,
     split_layers,
+    stage_rank,
     stages_of_rank,
     torch_rank_orders,
+    virtual_stages,
 )
 
 # Written out by hand from the dependency rules: F of stage s needs F of s-1 one step
@@ -53,6 +64,21 @@ EXPECTED = {
            0 0F0 0F1 2F0 2F1   . 2B0   . 2B1 0B0 0B1
            1   . 1F0 1F1 3F0 3B0 3F1 3B1 1B0 1B1   .
     """,
+    # ZB-V: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2 (the V turns on rank 1, 1F → 2F with no send).
+    # Backwards split: I (input gradient) is what the stage before waits for; W (weights) waits for its own I
+    # only. Rank 0 idles at step 11: 0I1 needs the input gradient of stage 1, which 1I1 makes at step 11.
+    ("zbv", 2, 2, 2): """
+        rank   0   1   2   3   4   5   6   7   8   9  10  11  12  13
+           0 0F0 0F1   . 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0   . 0I1 0W1
+           1   . 1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0 2I1 2W1 1I1 1W1   .
+    """,
+    # ZB-H1 (interleaved zero bubble, one stage per rank): rank 1 runs its first weight gradient after its
+    # second input gradient, so rank 0's 0I0 (which needs 1I0) need not wait behind a W.
+    ("interleaved_zb", 2, 2, 1): """
+        rank   0   1   2   3   4   5   6
+           0 0F0 0F1   . 0I0 0W0 0I1 0W1
+           1   . 1F0 1I0 1F1 1I1 1W0 1W1
+    """,
 }
 
 
@@ -82,13 +108,22 @@ def test_ideal_bubble_fraction():
     assert ideal_bubble_fraction(4, 8, 2) < ideal_bubble_fraction(4, 8, 1)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_action_runs_once_on_its_rank(schedule):
-    pp, m, v = 4, 8, 2 if schedule == "interleaved_1f1b" else 1
+    pp, m = 4, 8
+    v = virtual_stages(schedule, pp, 2)
     orders = rank_orders(schedule, pp, m, v)
     for rank, order in enumerate(orders):
-        stages = [rank + k * pp for k in range(v)]
-        assert sorted(order) == sorted(Action(s, k, i) for s in stages for k in "FB" for i in range(m))
+        stages = stages_of_rank(rank, pp, v, placement(schedule))
+        assert [stage_rank(s, pp, placement(schedule)) for s in stages] == [rank] * v
+        # Every micro-batch once forward and once backward, the backward whole (B) or in two halves (I, W).
+        forwards = sorted(a for a in order if a.kind == "F")
+        assert forwards == sorted(Action(s, "F", i) for s in stages for i in range(m))
+        for s in stages:
+            for i in range(m):
+                kinds = [a.kind for a in order if (a.stage, a.microbatch) == (s, i) and a.kind != "F"]
+                assert kinds in (["B"], ["I", "W"]), (s, i, kinds)
+                assert (schedule in SPLIT_BACKWARD) == (kinds == ["I", "W"]) or schedule == "dualpipev"
 
 
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 4), (4, 9)])
@@ -126,13 +161,20 @@ def test_place_refuses_a_deadlock():
 
 TORCH_SHAPES = [(s, pp, m, 1) for s in ("gpipe", "1f1b") for pp in (2, 3, 4, 8) for m in (1, 2, 4, 5, 8, 16)
                 if s == "gpipe" or m >= pp] + [
-    ("interleaved_1f1b", pp, m, v) for pp in (2, 4) for v in (2, 3, 4) for m in (pp, 2 * pp, 3 * pp, 4 * pp)]
+    (s, pp, m, v) for s in ("interleaved_1f1b", "interleaved_zb") for pp in (2, 4) for v in (1, 2, 3, 4)
+    for m in (pp, 2 * pp, 3 * pp, 4 * pp)] + [
+    ("zbv", pp, m, 2) for pp in (2, 3, 4, 8) for m in (1, 2, 3, 4, 7, 8, 12, 16)] + [
+    ("dualpipev", pp, m, 2) for pp in (2, 3, 4, 8) for m in (2 * pp, 2 * pp + 1, 3 * pp, 4 * pp)]
 
 
 def test_rank_orders_are_torchs():
     # One source of truth: torch's schedule objects. rank_orders is their torch-free copy for the kernel side.
     for shape in TORCH_SHAPES:
-        assert rank_orders(*shape) == [list(o) for o in torch_rank_orders(*shape)], shape
+        ours, torchs = rank_orders(*shape), [list(o) for o in torch_rank_orders(*shape)]
+        assert ours == torchs, shape
+        # DualPipeV's forward-backward pairs, which torch sends only once both are done, are torch's too.
+        assert [[a.paired for a in o] for o in ours] == [[a.paired for a in o] for o in torchs], shape
+    assert any(a.paired for o in rank_orders("dualpipev", 2, 4, 2) for a in o)
 
 
 def test_torch_orders_are_read_from_its_ir_as_it_runs():
@@ -151,10 +193,19 @@ def test_torch_orders_are_read_from_its_ir_as_it_runs():
     assert orders_from_torch(ir) == [[Action(0, "F", 0), Action(0, "F", 1)],
                                      [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1)]]
 
+    # Split backwards keep their micro-batch; an OVERLAP_F_B pair becomes its sub-actions, the first paired.
+    pair = A(-1, "OVERLAP_F_B", None)
+    pair.sub_actions = (A(0, "F", 0), A(1, "B", 3))
+    split = orders_from_torch({0: [A(1, "I", 2), A(1, "W", 2), pair]})[0]
+    assert split == [Action(1, "I", 2), Action(1, "W", 2), Action(0, "F", 0), Action(1, "B", 3)]
+    assert [a.paired for a in split] == [False, False, True, False]
+
 
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="unknown schedule"):
         rank_orders("zb", 2, 4)
+    with pytest.raises(ValueError, match="at least as many micro-batches as stages"):
+        rank_orders("dualpipev", 2, 3)
     with pytest.raises(ValueError, match="unknown schedule"):
         torch_rank_orders("zb", 2, 4)
 
@@ -207,3 +258,111 @@ def test_split_layers_and_placement():
     with pytest.raises(ValueError, match="divide"):
         split_layers(6, 4)
     assert stages_of_rank(1, pp=4, stages_per_rank=3) == [1, 5, 9]
+    # V: rank r holds stages r and 2pp-1-r, so rank 0 holds the first and the last.
+    assert [stages_of_rank(r, 4, 2, "v") for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [stage_rank(s, 4, "v") for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [virtual_stages(s, 4, 3) for s in SCHEDULES] == [1, 1, 3, 3, 2, 2]
+    assert virtual_stages("zbv", 1, 3) == 1
+    with pytest.raises(ValueError, match="exactly 2"):
+        stages_of_rank(0, 4, 3, "v")
+
+
+# -- the bubble: each schedule's formula against its own order placed in time ------------------------------------
+BALANCED = Durations.split(F=1.0, I=1.0, W=1.0)
+"""F = I = W: the zero-bubble papers' own assumption, where every formula below is exact."""
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev"])
+@pytest.mark.parametrize("pp", [2, 3, 4, 8])
+def test_formula_is_the_bubble_of_torchs_order_when_chunks_take_equal_time(schedule, pp):
+    v = virtual_stages(schedule, pp, 2)
+    for m in (2 * pp, 4 * pp):  # enough micro-batches for a steady state (DualPipeV needs 2·pp)
+        timeline = simulate(torch_rank_orders(schedule, pp, m, v), BALANCED, v)
+        # Every rank idles the same time, the formula's per-rank bubble.
+        assert timeline.idle_per_rank == pytest.approx([bubble_formula(schedule, pp, BALANCED)] * pp), m
+        assert timeline.makespan == pytest.approx(m * v * 3 + bubble_formula(schedule, pp, BALANCED))
+
+
+def test_what_each_schedule_buys_at_equal_chunk_times():
+    # In chunk times: 1F1B idles (p-1)(F+B) = 3(p-1) per rank; interleaving v stages makes chunks 1/v of a rank's
+    # work; ZB1P and ZB-V fill all but (p-1)(F+B-2W) = (p-1) of it with weight gradients, a third of 1F1B's.
+    # DualPipeV, its forward-backward pairs run one after the other (torch, one stream), idles twice that:
+    # (2p/2-1)(F&B+B-3W) with F&B = F+B.
+    pp = 4
+    assert [bubble_formula(s, pp, BALANCED) for s in ("1f1b", "interleaved_zb", "zbv", "dualpipev")] == [9, 3, 3, 6]
+
+
+@pytest.mark.parametrize("durations", [Durations(1.0, 2.0, 0, 0), Durations(1.0, 3.3, 0, 0), Durations(2.0, 1.0, 0, 0)])
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 3)])
+def test_one_f_one_b_formula_holds_for_any_forward_and_backward_times(schedule, v, durations):
+    for pp in (2, 4):
+        timeline = simulate(rank_orders(schedule, pp, 2 * pp, v), durations, v)
+        assert sum(timeline.idle_per_rank) / pp == pytest.approx(bubble_formula(schedule, pp, durations))
+
+
+@pytest.mark.parametrize("F,I,W", [(1, 1.1, 0.9), (1, 1.3, 0.7), (1.2, 1, 1), (2, 3, 1)])
+def test_zb1p_formula_holds_while_weight_gradients_take_no_longer_than_input_gradients(F, I, W):
+    # (p-1)(F+B-2W) = (p-1)(F+I-W): with W > I there is more weight-gradient work than bubble to hide it in.
+    d = Durations.split(F, I, W)
+    for pp, v in ((2, 1), (4, 1), (4, 2)):
+        timeline = simulate(rank_orders("interleaved_zb", pp, 4 * pp, v), d, v)
+        assert sum(timeline.idle_per_rank) / pp == pytest.approx(bubble_formula("interleaved_zb", pp, d))
+
+
+def test_simulate_holds_a_pairs_output_until_its_partner_is_done():
+    # Rank 0 pairs the forward of micro-batch 1 with the backward of micro-batch 0, as DualPipeV pairs a forward
+    # with a backward: torch sends the forward's output only once the backward is done, so 1F1 waits for 0B0.
+    F, B = 1.0, 2.0
+    orders = [[Action(0, "F", 0), Action(0, "F", 1, paired=True), Action(0, "B", 0), Action(0, "B", 1)],
+              [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1), Action(1, "B", 1)]]
+    spans = {str(a): (start, end) for row in simulate(orders, Durations(F, B, 0, 0)).spans for a, start, end in row}
+    assert spans["1B0"] == (2.0, 4.0) and spans["0B0"] == (4.0, 6.0)
+    assert spans["1F1"] == (6.0, 7.0)
+    unpaired = [[Action(a.stage, a.kind, a.microbatch) for a in order] for order in orders]
+    spans = {str(a): (start, end) for row in simulate(unpaired, Durations(F, B, 0, 0)).spans for a, start, end in row}
+    assert spans["1F1"] == (4.0, 5.0)  # free to start once rank 1 is
+
+
+def test_simulate_refuses_a_deadlock():
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate([[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0), Action(1, "F", 0)]], BALANCED)
+
+
+def test_measured_durations_leave_out_the_first_stages_empty_split():
+    # torch's first stage has no input gradient: its I is empty and its W does the whole backward.
+    intervals = [(0, 0, 0, "F", 0, 10), (0, 0, 0, "I", 10, 11), (0, 0, 0, "W", 11, 41),
+                 (1, 1, 0, "F", 0, 12), (1, 1, 0, "I", 20, 34), (1, 1, 0, "W", 34, 50)]
+    d = measured_durations(intervals)
+    assert d == Durations(F=11.0, B=30.0, I=14.0, W=16.0)
+    assert measured_durations([(0, 1, 0, "F", 0, 4), (0, 1, 0, "B", 4, 12)]) == Durations(4.0, 8.0, 0.0, 0.0)
+
+
+# -- what the new schedules need of a Config ------------------------------------------------------------------
+REFUSED = [
+    (dict(pp=2, schedule="dualpipev", micro_batches=2), "micro_batches", "set micro_batches ≥ 4"),
+    (dict(pp=2, schedule="interleaved_zb", micro_batches=3, batch_size=12), "micro_batches", "multiple of 2"),
+    (dict(pp=3, schedule="zbv", micro_batches=3, batch_size=12), "pp", "choose pp among [2]"),
+    (dict(pp=2, dp=2, zero=3, schedule="zbv", micro_batches=2), "zero", "use zero=2"),
+    (dict(pp=2, dp=2, zero=1, schedule="interleaved_zb", micro_batches=2), "zero", "zero=0 (replicate) or zero=2"),
+    (dict(pp=2, dp=2, schedule="dualpipev", micro_batches=4, compression="powersgd"), "compression", "zero=2"),
+    (dict(pp=2, dp=2, schedule="zbv", micro_batches=2, offload=True), "offload", "zero=2 with offload"),
+    (dict(model=ModelConfig.preset("tiny-moe"), pp=2, dp=2, ep=2, schedule="zbv", micro_batches=2), "ep", "zero=2"),
+    (dict(pp=2, schedule="zbv", micro_batches=2, compile=True), "compile", "compile=False"),
+]
+
+
+@pytest.mark.parametrize("changes,field,fix", REFUSED, ids=lambda x: x if isinstance(x, str) else None)
+def test_new_schedules_refuse_what_they_cannot_run_naming_the_field_and_fix(changes, field, fix):
+    with pytest.raises(ConfigError) as refused:
+        Config(**{"batch_size": 8, "seq_len": 32, **changes})
+    assert str(refused.value).startswith(f"{field}: ") and fix in str(refused.value)
+
+
+def test_new_schedules_accept_what_they_run():
+    for changes in (dict(pp=2, schedule="zbv", micro_batches=1),
+                    dict(pp=2, dp=2, zero=0, schedule="zbv", micro_batches=2),
+                    dict(pp=2, dp=2, zero=2, schedule="dualpipev", micro_batches=4, compression="bf16"),
+                    dict(pp=2, schedule="interleaved_zb", stages_per_rank=1, micro_batches=2),
+                    dict(pp=2, schedule="zbv", stages_per_rank=4, micro_batches=2)):  # V ignores stages_per_rank
+        cfg = Config(batch_size=8, seq_len=32, **changes)
+        assert config_stages(cfg) == (2 if cfg.schedule != "interleaved_zb" else cfg.stages_per_rank)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from workbench.config import FP8, PRESETS, Config
+from workbench.schedules import config_stages
 
 Device = Literal["cuda", "cpu"]
 
@@ -179,7 +180,9 @@ main_training_function: main
 """
 
 
-_TITAN_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+_TITAN_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
+                   "interleaved_zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""Our schedule names → torchtitan's pipeline_parallel_schedule (torch's class names without "Schedule")."""
 _TITAN_FLAVORS = {"8b": "8B"}  # our presets with the shape of a torchtitan llama3 flavor
 _TITAN_REGISTRY = {"8B": "llama3_8b"}  # torchtitan 0.3's config_registry function for each flavor
 _TITAN_AC = {"none": "none", "selective": "selective", "full": "full"}
@@ -278,8 +281,9 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
         layout["training.disable_cuda_graphs"] = True  # torchtitan 0.3 captures no pipeline in a CUDA graph yet
         layout["parallelism.pipeline_parallel_schedule"] = _TITAN_SCHEDULE[cfg.schedule]
         layout["parallelism.pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
-        if cfg.schedule == "interleaved_1f1b":
-            layout["parallelism.pipeline_parallel_layers_per_stage"] = cfg.model.n_layers // (cfg.pp * cfg.stages_per_rank)
+        if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
+            per_stage = cfg.model.n_layers // (cfg.pp * config_stages(cfg))
+            layout["parallelism.pipeline_parallel_layers_per_stage"] = per_stage
     # AdamW as the workbench runs it (torch's defaults but lr and weight decay), at a constant learning rate: no
     # warm-up, and a decay whose floor is the learning rate itself.
     adamw = "optimizer.param_groups.0.optimizer_kwargs"
@@ -369,9 +373,9 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     if cfg.pp > 1:
         pp_lines = [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULE[cfg.schedule]}"',
                     f"pipeline_parallel_microbatch_size = {cfg.micro_batch_size}"]
-        if cfg.schedule == "interleaved_1f1b":
+        if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
             pp_lines.append(f"pipeline_parallel_layers_per_stage = "
-                            f"{cfg.model.n_layers // (cfg.pp * cfg.stages_per_rank)}")
+                            f"{cfg.model.n_layers // (cfg.pp * config_stages(cfg))}")
     lines = [
         f"# torchtitan job nearest to the workbench layout {cfg.layout} ({cfg.world_size} ranks).",
         "# Run with torchtitan's run_train.sh / torchrun; see the notes at the end for what differs.",

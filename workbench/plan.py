@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 from workbench.config import Config, ConfigError, ModelConfig, divisors
 from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware, profile, si
+from workbench.schedules import MULTI_STAGE, SPLIT_BACKWARD, virtual_stages
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
     chunks) divide. Refuses (ConfigError) only when no layout of those axes fits the local world.
     """
     model = onto.model
-    chunks = lambda pp, sched, spr: pp * (spr if pp > 1 and sched == "interleaved_1f1b" else 1)  # noqa: E731
+    chunks = lambda pp, sched, spr: pp * virtual_stages(sched, pp, spr)  # noqa: E731
     tp = max(d for d in divisors(world) if d <= layout.tp and model.n_heads % d == 0 and model.kv_heads % d == 0
              and model.hidden_dim % d == 0)
     # A mixture of experts routes whole sequences: it takes no context parallel.
@@ -291,6 +292,14 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
     if zero == 1 and ep > 1:
         changes.append("zero 1→2 (ZeroRedundancyOptimizer cannot hold expert slices that differ across ep ranks)")
         zero = 2
+    split = pp > 1 and schedule in SPLIT_BACKWARD and dp * cp > 1
+    if split and zero in (1, 3):
+        why = "its weight-gradient halves need the blocks gathered" if zero == 3 else "replicate() holds DTensors"
+        changes.append(f"zero {zero}→2 ({schedule} with data parallel: {why})")
+        zero = 2
+    if split and zero == 0 and ep > 1:
+        changes.append(f"zero 0→2 ({schedule}: replicate() cannot keep expert slices apart)")
+        zero = 2
     replicate = 1
     if layout.hsdp:
         # Replica groups as far as the new dp keeps at least two ranks in each shard group (and zero stays 2/3).
@@ -300,12 +309,13 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
             why = (f"zero={zero} replicates everything" if zero < 2
                    else f"dp={dp}: every replica group needs ≥ 2 ranks to shard over")
             changes.append(f"dp_replicate {layout.dp_replicate}→{replicate} ({why})")
-    if pp > 1 and micro < pp:
-        changes.append(f"micro_batches {micro}→{pp} (the schedule needs ≥ pp)")
-        micro = pp
-    if pp > 1 and schedule == "interleaved_1f1b" and micro % pp:
+    least = 2 * pp if schedule == "dualpipev" else pp
+    if pp > 1 and micro < least:
+        changes.append(f"micro_batches {micro}→{least} (the schedule needs ≥ {'2·pp' if least > pp else 'pp'})")
+        micro = least
+    if pp > 1 and schedule in MULTI_STAGE and micro % pp:
         new = -(-micro // pp) * pp
-        changes.append(f"micro_batches {micro}→{new} (a multiple of pp for interleaved)")
+        changes.append(f"micro_batches {micro}→{new} (a multiple of pp for {schedule})")
         micro = new
     batch = onto.batch_size
     if batch % (dp * micro):

@@ -67,7 +67,14 @@ def _parallelize(kind: str | None, mesh: DeviceMesh, cfg: Config) -> Callable[[n
 
 
 def _compute_actions(order: list) -> list[str]:
-    return [str(a) for a in order if a is not None and a.computation_type.value in ("F", "B")]
+    """torch's IR as printed, compute actions only; DualPipeV's OVERLAP_F_B as its sub-actions, in order."""
+    out = []
+    for a in order:
+        if a is not None and a.computation_type.value == "OVERLAP_F_B":
+            out += _compute_actions(list(a.sub_actions))
+        elif a is not None and a.computation_type.value in ("F", "B", "I", "W"):
+            out.append(str(a))
+    return out
 
 
 def train(cfg: Config, steps: int, parallel: str | None = None) -> dict:
@@ -140,3 +147,29 @@ def loss_scale_grads(cfg: Config, scale: float) -> dict:
     (loss_a, grads_a), (loss_b, grads_b) = results
     ratio = max(float((grads_b[n] - scale * grads_a[n]).abs().max() / grads_b[n].abs().max()) for n in grads_a)
     return {"losses": (loss_a, loss_b), "max_rel_err": ratio}
+
+
+def timed_steps(cfg: Config, steps: int) -> dict:
+    """Forward + backward steps through the pipeline (no optimizer: only their timing is read), the first one
+    untimed (it infers shapes and allocates). Per timed step: every action as (pp_rank, stage, micro-batch, kind,
+    start_ns, end_ns), and the CPU time this rank's thread spent in the step beside the wall time its actions took
+    (a rank that other processes kept off the cores shows a low ratio)."""
+    import time
+
+    mesh = build_mesh(cfg, "cpu")
+    runner = build_pipeline(build_model(cfg.model, cfg.seed), mesh, cfg, loss_fn, "cpu")
+    intervals: list[tuple] = []
+    runner.on_action = lambda kind, stage, mb, t0, t1: intervals.append((runner.pp_rank, stage, mb, kind, t0, t1))
+    inputs, targets = batch(cfg, 0)
+    out = []
+    for step in range(steps + 1):
+        intervals.clear()
+        cpu = time.thread_time_ns()
+        runner.step(inputs, targets)
+        cpu = time.thread_time_ns() - cpu
+        for m in runner.modules:
+            m.zero_grad(set_to_none=True)
+        if step:
+            busy = sum(end - start for *_, start, end in intervals)
+            out.append({"intervals": list(intervals), "cpu_over_busy": cpu / busy})
+    return {"pp_rank": runner.pp_rank, "steps": out}

@@ -111,7 +111,7 @@ def _pipeline_store(schedule: str = "1f1b", pp: int = 2, m: int = 4) -> Telemetr
 def test_pipeline_grid_measured_beside_the_ideal():
     store = _pipeline_store()
     fig = LivePlots(store, 2).figures["pipeline"]
-    ideal_f, ideal_b, measured_f, measured_b = fig.data
+    ideal_f, ideal_b, _, _, measured_f, measured_b, _, _ = fig.data  # F, B, I, W for each grid
     assert len(ideal_f.x) == len(ideal_b.x) == len(measured_f.x) == len(measured_b.x) == 2 * 4
     assert list(ideal_f.text[:2]) == ["F0", "F1"] and set(ideal_b.text) == {"B0", "B1", "B2", "B3"}
     measured = pipeline_intervals(store.snapshot().common_latest(), 2)

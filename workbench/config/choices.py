@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"]
 FP8 = ("fp8_tensorwise", "fp8_rowwise")

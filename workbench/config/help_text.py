@@ -11,6 +11,13 @@ SCHEDULE_HELP = {
     "gpipe": "GPipe: all forwards, then all backwards; simple, holds every micro-batch's activations",
     "1f1b": "1F1B: one forward, one backward in steady state; same bubble as GPipe, at most pp micro-batches of activations",
     "interleaved_1f1b": "interleaved 1F1B: several smaller stages per rank; the bubble shrinks by that factor",
+    "interleaved_zb": "interleaved zero bubble (ZB1P): each backward split into its input-gradient half (I), "
+                      "which the stage before waits for, and its weight-gradient half (W), run later in what "
+                      "would be the bubble: (p−1)(F+B−2W) instead of (p−1)(F+B)",
+    "zbv": "ZB-V: two stages per rank in a V (rank r holds stages r and 2p−1−r), split backwards; near zero "
+           "bubble when F, I and W take about the same time, at 1F1B's activation memory",
+    "dualpipev": "DualPipeV (DeepSeek-V3): two stages per rank in a V, a forward of one paired with a full backward "
+                 "of the other in steady state, split backwards at the edges; needs ≥ 2·pp micro-batches",
 }
 ZERO_HELP = {
     0: "ZeRO 0 = DDP: every rank holds all parameters, gradients and optimizer state; gradients all-reduced",

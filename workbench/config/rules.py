@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from workbench.config.degrees import divisors
 from workbench.config.choices import FP8
 from workbench.config.refusals import refuse
-from workbench.schedules import config_stages
+from workbench.schedules import MULTI_STAGE, V_SHAPED, config_stages, splits_backward
 
 if TYPE_CHECKING:
     from workbench.config.run import Config
@@ -51,13 +51,66 @@ def degrees_fit_the_model(cfg: Config) -> None:
     cfg.degrees.check_sequence(cfg.seq_len)
 
 
+def v_schedule_splits_the_layers(cfg: Config) -> None:
+    """ZBV and DualPipeV hold two stages per rank whatever stages_per_rank says: 2·pp stages cut the layers."""
+    n_layers = cfg.model.n_layers
+    if cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp):
+        fits = [p for p in range(2, n_layers // 2 + 1) if n_layers % (2 * p) == 0]
+        raise refuse("pp", f"{cfg.schedule} holds 2 stages per rank (rank r: stages r and 2·pp-1-r), so "
+                     f"2·pp = {2 * cfg.pp} stages must divide model.n_layers={n_layers}",
+                     f"choose pp among {fits}" if fits else 'use more layers, or schedule="1f1b"')
+
+
 def pipeline_has_enough_micro_batches(cfg: Config) -> None:
-    if cfg.pp > 1 and cfg.schedule in ("1f1b", "interleaved_1f1b") and cfg.micro_batches < cfg.pp:
-        raise refuse("micro_batches", f"{cfg.schedule} needs at least pp={cfg.pp} micro-batches, got "
-                     f"{cfg.micro_batches}", f"set micro_batches ≥ {cfg.pp}")
-    if cfg.pp > 1 and cfg.schedule == "interleaved_1f1b" and cfg.micro_batches % cfg.pp:
-        raise refuse("micro_batches", f"interleaved 1F1B needs micro_batches ({cfg.micro_batches}) to be a "
-                     f"multiple of pp={cfg.pp}", f"set micro_batches to a multiple of {cfg.pp}")
+    if cfg.pp == 1:
+        return
+    m, pp = cfg.micro_batches, cfg.pp
+    if cfg.schedule == "dualpipev" and m < 2 * pp:
+        raise refuse("micro_batches", f"dualpipev needs at least as many micro-batches as stages "
+                     f"(2·pp = {2 * pp}), got {m}", f"set micro_batches ≥ {2 * pp}")
+    if cfg.schedule in ("1f1b", "interleaved_1f1b", "interleaved_zb") and m < pp:
+        raise refuse("micro_batches", f"{cfg.schedule} needs at least pp={pp} micro-batches, got {m}",
+                     f"set micro_batches ≥ {pp}")
+    if cfg.schedule in MULTI_STAGE and m % pp:
+        raise refuse("micro_batches", f"{cfg.schedule} needs micro_batches ({m}) to be a multiple of pp={pp}",
+                     f"set micro_batches to a multiple of {pp}")
+
+
+def split_backward_runs_eager(cfg: Config) -> None:
+    """torch 2.13's zero-bubble schedules refuse compiled stages ("we dont support input/weight backward split with
+    torch.compile"): a compiled block's backward is one fused kernel graph, with no input-gradient half to run alone."""
+    if splits_backward(cfg) and cfg.compile:
+        raise refuse("compile", f"compile=True with {cfg.schedule}: the split backward (I, then W) needs the eager "
+                     "autograd graph, and a compiled block's backward is one fused graph",
+                     "set compile=False, or schedule 1f1b/interleaved_1f1b")
+
+
+def split_backward_has_its_data_parallel(cfg: Config) -> None:
+    """What data parallel can run under a zero-bubble schedule in torch 2.13 (measured against one process)."""
+    if not splits_backward(cfg) or cfg.dp * cfg.cp == 1:  # the cp ranks average gradients with the dp ranks
+        return
+    # Their weight-gradient half (W) runs autograd.grad over the parameters the input-gradient half (I) saw.
+    if cfg.zero == 3:
+        raise refuse("zero", f"zero=3 with {cfg.schedule}: the input-gradient half looks up the parameters "
+                     "its graph used while FSDP2 holds each block resharded after forward, so the weight "
+                     "gradients of the blocks are never computed",
+                     "use zero=2 (gathered from forward to backward), or schedule 1f1b/interleaved_1f1b")
+    if cfg.zero == 1:
+        raise refuse("zero", f"zero=1 with {cfg.schedule}: the weight-gradient half writes gradients past DDP's "
+                     "hooks, so data parallel runs as torch's replicate(), whose DTensor parameters "
+                     "ZeroRedundancyOptimizer cannot update", "use zero=0 (replicate) or zero=2")
+    if cfg.zero == 0 and cfg.compression != "none":
+        raise refuse("compression", f"{cfg.compression!r} with zero=0 under {cfg.schedule}: data parallel runs "
+                     "as torch's replicate(), which has no communication hook",
+                     'use zero=2 with compression "fp16" or "bf16", or compression="none"')
+    if cfg.zero == 0 and cfg.offload:
+        raise refuse("offload", f"offload with zero=0 under {cfg.schedule}: data parallel runs as torch's "
+                     "replicate(), whose DTensor parameters the host optimizer of zero 0/1 cannot hold",
+                     "use zero=2 with offload, or offload=False")
+    if cfg.zero == 0 and cfg.ep > 1:
+        raise refuse("ep", f"ep={cfg.ep} with zero=0 under {cfg.schedule}: torch's replicate() would average "
+                     "the expert slices over every dp rank, though they differ across ep ranks",
+                     "use zero=2 (experts sharded over edp), or ep=1")
 
 
 def batch_splits_and_sequence_fits(cfg: Config) -> None:
@@ -146,10 +199,13 @@ def fp8_fits(cfg: Config) -> None:
 RULES: tuple[Callable[[Config], None], ...] = (
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
+    v_schedule_splits_the_layers,
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,
     batch_splits_and_sequence_fits,
     zero_has_ranks_to_shard_over,
+    split_backward_has_its_data_parallel,
+    split_backward_runs_eager,
     compression_has_a_sync_to_compress,
     offload_has_plain_parameters,
     compile_settings_fit,

@@ -55,11 +55,13 @@ class Config:
     """HSDP (zero 2/3): the dp ranks form dp_replicate groups of dp/dp_replicate; FSDP2 shards within a group and
     replicates across groups (a 2-D (dp_replicate, dp_shard) mesh). 1: shard over all dp ranks."""
     schedule: Schedule = "1f1b"
-    """Pipeline schedule when pp > 1: "gpipe", "1f1b" or "interleaved_1f1b"."""
+    """Pipeline schedule when pp > 1: "gpipe", "1f1b", "interleaved_1f1b", or with split backwards (input- and
+    weight-gradient halves) "interleaved_zb" (ZB1P), "zbv" (ZB-V) or "dualpipev" (DualPipeV); see SCHEDULE_HELP."""
     micro_batches: int = 1
     """Micro-batches per step: pipeline micro-batches when pp > 1, else gradient accumulation steps."""
     stages_per_rank: int = 2
-    """Model chunks per pipeline rank for "interleaved_1f1b" (ignored by other schedules)."""
+    """Model chunks per pipeline rank for "interleaved_1f1b" and "interleaved_zb" (ignored by the others; "zbv"
+    and "dualpipev" always hold 2, in V placement)."""
     activation_checkpointing: Recompute = "none"
     """Recompute activations in backward: "none", "selective" (every other block) or "full"."""
     precision: Precision = "fp32"

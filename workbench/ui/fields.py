@@ -33,6 +33,7 @@ import ipywidgets as widgets
 
 from workbench.config import COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP, OPTIMIZER_HELP
 from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, divisors
+from workbench.schedules import MULTI_STAGE
 
 Values = SimpleNamespace
 """What the inputs describe, by Config field name (`v.dp`, `v.model`), before Config validates it."""
@@ -151,7 +152,7 @@ CONTROLS: tuple[Control, ...] = (
             help=lambda v: SCHEDULE_HELP[v.schedule] if v.pp > 1 else None, active=lambda v: v.pp > 1),
     Control("micro_batches", "pipeline", integer("micro-batches", 1, 1024, 150)),
     Control("stages_per_rank", "pipeline", integer("stages/rank", 1, 64, 140),
-            active=lambda v: v.pp > 1 and v.schedule == "interleaved_1f1b"),
+            active=lambda v: v.pp > 1 and v.schedule in MULTI_STAGE),
     Control("recompute", "pipeline", toggle("recompute", choices("activation_checkpointing"),
                                              "activation checkpointing"),
             field="activation_checkpointing", help=lambda v: RECOMPUTE_HELP[v.activation_checkpointing]),

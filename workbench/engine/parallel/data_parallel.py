@@ -1,7 +1,8 @@
 """Data parallel and the ZeRO stages, with torch's own building blocks.
 
     zero=0  DDP: every rank holds everything; gradients all-reduced in buckets during backward
-            (with tp > 1: torch's FSDP2-based `replicate`, same semantics, see below).
+            (with tp > 1 or a zero-bubble pipeline schedule: torch's FSDP2-based `replicate`, same
+            semantics, see below and engine/parallel/pipeline.py).
     zero=1  DDP + ZeroRedundancyOptimizer: as 0, but each rank keeps (and updates) the
             optimizer state of its 1/dp share of the parameters, then broadcasts them.
     zero=2  FSDP2 with reshard_after_forward=False: parameters gathered once per step and kept
@@ -52,6 +53,7 @@ from workbench.engine.model import Transformer
 from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.parallel.offload import HostOffload
+from workbench.schedules import splits_backward
 
 
 def gradient_mesh(mesh: DeviceMesh, cfg: Config) -> DeviceMesh:
@@ -65,7 +67,10 @@ def gradient_mesh(mesh: DeviceMesh, cfg: Config) -> DeviceMesh:
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config,
               expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """Replicate `model` over the dp axis; gradients all-reduced during backward."""
-    if any(isinstance(p, DTensor) for p in model.parameters()):
+    if any(isinstance(p, DTensor) for p in model.parameters()) or splits_backward(cfg):
+        # Under a zero-bubble schedule torch 2.13 computes weight gradients with autograd.grad and writes
+        # `.grad` itself, past DDP's hooks: DDP never all-reduces them. `replicate` reduces in the
+        # schedule's REDUCE_GRAD step (measured: DDP 2e-3 off one process, replicate 1.3e-7).
         return _replicate_dtensor_model(model, dp_mesh)
     # Buffers are never synced: the only one is the rotary table, built on every rank from the Config, and under
     # context parallel each rank's holds its own positions, which DDP's initial broadcast from rank 0 would overwrite.

@@ -1,20 +1,31 @@
 """Pipeline parallel: the model cut into chunks of consecutive blocks, run by torch's schedules.
 
 The transformer's blocks are split into pp·v chunks (v = stages_per_rank for
-interleaved 1F1B, else 1); the embedding goes with the first chunk and the
-final norm and output head with the last. A chunk is the model itself with
-the other blocks deleted and the other parts set to None, so its parameter
-names stay those of the full model ("layers.5.attention.wq.weight") and
-checkpoints written by any layout load into any other. Rank r on the "pp" axis
-holds stages r, r+pp, r+2pp, ... (torch's "loop" placement).
+the interleaved schedules, 2 for the V-shaped ones, else 1); the embedding
+goes with the first chunk and the final norm and output head with the last. A
+chunk is the model itself with the other blocks deleted and the other parts
+set to None, so its parameter names stay those of the full model
+("layers.5.attention.wq.weight") and checkpoints written by any layout load
+into any other. Rank r on the "pp" axis holds stages r, r+pp, r+2pp, ...
+(torch's "loop" placement), or under ZBV and DualPipeV stages r and 2pp-1-r
+(the "v" placement: rank 0 holds the first and the last stage).
 
 Each chunk becomes a `torch.distributed.pipelining.PipelineStage` and the
-stages are driven by `ScheduleGPipe`, `Schedule1F1B` or
-`ScheduleInterleaved1F1B` (Huang et al. 2019; Narayanan et al. 2021). The
+stages are driven by torch's schedule of cfg.schedule (`TORCH_CLASSES`):
+GPipe, 1F1B, interleaved 1F1B (Huang et al. 2019; Narayanan et al. 2021),
+interleaved zero bubble, ZBV (Qi et al. 2024) or DualPipeV (DeepSeek-V3). The
 schedule owns data-parallel gradient sync: DDP runs every micro-batch but the
 last under `no_sync`; FSDP2 (and `replicate`) run all of them with
 `set_requires_gradient_sync(False)` and reduce after the last, so under
 pipelining a ZeRO-2/3 stage holds unsharded gradients until the step's end.
+The zero-bubble schedules split each backward into an input-gradient half (I)
+and a weight-gradient half (W); torch 2.13 computes W with autograd.grad and
+writes `.grad` itself, past DDP's hooks, so DDP would never all-reduce those
+gradients. Under them zero=0 is torch's FSDP2-based `replicate` and zero=2
+FSDP2, both reduced in the schedule's REDUCE_GRAD step; Config refuses zero 1
+(ZeroRedundancyOptimizer cannot update replicate's DTensors) and zero 3 (the I
+half looks for the parameters its graph used while FSDP2 holds them resharded,
+so their W never runs).
 
 Loss scaling: torch's schedules backpropagate each micro-batch's loss as is, so
 the gradients add up over micro-batches. Each micro-batch's mean loss is
@@ -41,7 +52,8 @@ every micro-batch's forward.
 
 Telemetry: set `runner.on_action = hook`; every forward and backward of one
 micro-batch through one stage then calls
-`hook(kind, stage, microbatch, start_ns, end_ns)` with kind "F" or "B" and
+`hook(kind, stage, microbatch, start_ns, end_ns)` with kind "F", "B" (a full
+backward), "I" or "W" (the halves of a split one) and
 `time.monotonic_ns()` times (on CUDA after a device synchronize, so they are
 kernel times, not launch times). F excludes the loss, which the schedule
 computes just after it; the last B of each stage includes DDP's gradient
@@ -61,17 +73,28 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+import torch.distributed.pipelining as pipelining
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
 from workbench.engine.precision import DTYPES
-from workbench.schedules import Grid, Kind, config_stages, orders_from_torch, place, split_layers, stages_of_rank
+from workbench.schedules import (
+    TORCH_CLASSES,
+    Grid,
+    Kind,
+    config_rank_stages,
+    config_stages,
+    orders_from_torch,
+    place,
+    split_layers,
+)
+from workbench.schedules.torch_orders import SINGLE_STAGE
 
 ActionHook = Callable[[Kind, int, int, int, int], None]
-"""on_action(kind, stage, microbatch, start_ns, end_ns): one measured F or B."""
+"""on_action(kind, stage, microbatch, start_ns, end_ns): one measured F, B, I or W."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -111,7 +134,7 @@ def autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype) ->
 
 
 class _TimedStage(PipelineStage):
-    """A PipelineStage that reports the interval of each forward and backward to `on_action`."""
+    """A PipelineStage that reports the interval of each forward and backward (or backward half) to `on_action`."""
 
     on_action: ActionHook | None = None
     after_forward: Callable[[nn.Module], None] | None = None
@@ -133,12 +156,20 @@ class _TimedStage(PipelineStage):
             self.after_forward(self.submod)
         return output
 
-    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> None:
+    def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> None:
         if self.on_action is None:
-            return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            return super().backward_one_chunk(bwd_chunk_id, loss, full_backward, last_backward)
         start = self._now()
-        super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
-        self.on_action("B", self.stage_index, bwd_chunk_id, start, self._now())
+        super().backward_one_chunk(bwd_chunk_id, loss, full_backward, last_backward)
+        self.on_action("B" if full_backward else "I", self.stage_index, bwd_chunk_id, start, self._now())
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
+        if self.on_action is None:
+            return super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
+        start = self._now()
+        super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
+        self.on_action("W", self.stage_index, bwd_chunk_id, start, self._now())
 
 
 class _MicroBatchLoss:
@@ -263,7 +294,7 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     loss = _MicroBatchLoss(loss_fn, cfg.micro_batches)
 
     stages: list[_TimedStage] = []
-    for stage_id in stages_of_rank(pp_rank, pp, per_rank):
+    for stage_id in config_rank_stages(cfg, pp_rank):
         chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
         if DTYPES[cfg.precision] is not None:  # the one table of autocast dtypes (engine/precision.py)
             autocast_forward(chunk, device.type, DTYPES[cfg.precision])
@@ -278,10 +309,7 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
         stages.append(_TimedStage(chunk, stage_id, n_stages, device, group=pp_mesh.get_group()))
 
     # scale_grads=False: the loss is already divided by m (see the module docstring).
-    if cfg.schedule == "interleaved_1f1b":
-        schedule: PipelineScheduleSingle | PipelineScheduleMulti = ScheduleInterleaved1F1B(
-            stages, cfg.micro_batches, loss_fn=loss, scale_grads=False)
-    else:
-        single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
-        schedule = single(stages[0], cfg.micro_batches, loss_fn=loss, scale_grads=False)
+    schedule_class = getattr(pipelining, TORCH_CLASSES[cfg.schedule])
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti = schedule_class(
+        stages[0] if cfg.schedule in SINGLE_STAGE else stages, cfg.micro_batches, loss_fn=loss, scale_grads=False)
     return PipelineRunner(stages, schedule, loss, cfg, pp_rank)

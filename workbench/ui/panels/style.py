@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 from workbench.telemetry.events import MEMORY_CATEGORIES
 
 MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#BAB0AC")))
-COMPUTE_COLORS = {"forward": "#4C78A8", "backward": "#72B7B2", "optimizer": "#54A24B", "F": "#4C78A8", "B": "#72B7B2"}
+COMPUTE_COLORS = {"forward": "#4C78A8", "backward": "#72B7B2", "optimizer": "#54A24B", "F": "#4C78A8", "B": "#72B7B2",
+                  "I": "#9ECAE9", "W": "#B07AA1"}  # pipeline actions: the split backward's input and weight halves
 COMM_COLORS = {"all_reduce": "#E45756", "all_gather": "#F58518", "reduce_scatter": "#B279A2", "all_to_all": "#FF9DA6",
                "broadcast": "#9D755D", "send": "#EECA3B", "recv": "#EECA3B"}
 RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D")

@@ -1,0 +1,86 @@
+"""Which pipeline stages each rank holds and which blocks each stage holds.
+
+Two placements, as torch.distributed.pipelining names them:
+
+- loop: rank r holds stages r, r+pp, r+2pp, ... (GPipe, 1F1B: one stage; the
+  interleaved schedules: `stages_per_rank` of them);
+- v: rank r holds stages r and 2pp-1-r (ZBV and DualPipeV: always two), so
+  rank 0 holds the first and the last stage and the pipeline turns round on
+  rank pp-1, which runs stages pp-1 and pp back to back without a send.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # config imports this package for its pipeline rule: no import back at run time
+    from workbench.config import Config, Schedule
+
+Placement = Literal["loop", "v"]
+
+MULTI_STAGE: tuple[str, ...] = ("interleaved_1f1b", "interleaved_zb")
+"""Schedules that hold `stages_per_rank` stages per rank in loop placement."""
+V_SHAPED: tuple[str, ...] = ("zbv", "dualpipev")
+"""Schedules that hold exactly two stages per rank in V placement."""
+SPLIT_BACKWARD: tuple[str, ...] = ("interleaved_zb", "zbv", "dualpipev")
+"""Schedules that split a backward into its input-gradient (I) and weight-gradient (W) halves."""
+
+
+def placement(schedule: Schedule) -> Placement:
+    """How `schedule` lays stages on ranks: "v" for ZBV and DualPipeV, "loop" otherwise."""
+    return "v" if schedule in V_SHAPED else "loop"
+
+
+def splits_backward(cfg: Config) -> bool:
+    """Whether `cfg` runs a pipeline whose backwards are split into I and W halves."""
+    return cfg.pp > 1 and cfg.schedule in SPLIT_BACKWARD
+
+
+def virtual_stages(schedule: Schedule, pp: int, stages_per_rank: int) -> int:
+    """Model chunks (pipeline stages) per rank: `stages_per_rank` under the interleaved schedules and 2 under the
+    V-shaped ones when pp > 1, else 1."""
+    if pp == 1:
+        return 1
+    if schedule in V_SHAPED:
+        return 2
+    return stages_per_rank if schedule in MULTI_STAGE else 1
+
+
+def config_stages(cfg: Config) -> int:
+    """`virtual_stages` of a Config."""
+    return virtual_stages(cfg.schedule, cfg.pp, cfg.stages_per_rank)
+
+
+def split_layers(n_layers: int, n_stages: int) -> list[range]:
+    """The global block indices of each stage: n_stages runs of consecutive blocks, equal in size."""
+    if n_layers % n_stages:
+        raise ValueError(f"{n_stages} pipeline stages do not divide {n_layers} layers; choose a divisor of n_layers")
+    per = n_layers // n_stages
+    return [range(s * per, (s + 1) * per) for s in range(n_stages)]
+
+
+def stages_of_rank(pp_rank: int, pp: int, stages_per_rank: int, style: Placement = "loop") -> list[int]:
+    """The global stages rank `pp_rank` holds, in the order its chunks are built: loop r, r+pp, ...; v r, 2pp-1-r."""
+    if style == "v":
+        if stages_per_rank != 2:
+            raise ValueError(f"V placement holds exactly 2 stages per rank, got {stages_per_rank}")
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(stages_per_rank)]
+
+
+def stage_rank(stage: int, pp: int, style: Placement = "loop") -> int:
+    """The pipeline rank that holds global `stage` (the inverse of `stages_of_rank`)."""
+    if style == "v":
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def config_rank_stages(cfg: Config, pp_rank: int) -> list[int]:
+    """The global stages pipeline rank `pp_rank` holds under `cfg`."""
+    return stages_of_rank(pp_rank, cfg.pp, config_stages(cfg), placement(cfg.schedule))
+
+
+def rank_layers(cfg: Config) -> list[tuple[int, ...]]:
+    """The global block indices each pipeline rank holds, in its stages' order."""
+    layers = split_layers(cfg.model.n_layers, cfg.pp * config_stages(cfg))
+    return [tuple(i for stage in config_rank_stages(cfg, r) for i in layers[stage]) for r in range(cfg.pp)]
