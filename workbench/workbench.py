@@ -15,6 +15,9 @@ from typing import Any
 
 from workbench import checkpoints
 from workbench.config import Config, ConfigError
+from workbench.emulation import Cluster, status_line
+from workbench.emulation.cluster import dilation_from_steps, emulation_for
+from workbench.emulation.rank import ENV as CLUSTER_ENV
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, TelemetryStore
@@ -100,15 +103,27 @@ class Workbench:
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
     pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
     ranks (a `RankSession` over `pool` when None).
+    cluster: the cluster this Workbench stands for (`wb.Cluster(...)` or a preset name such as "h100-ib"):
+    every collective then takes what it would there, time-dilated (workbench/emulation). None: this machine's
+    own links.
     """
 
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
-                 pool: Pool | None = None, session: RankSession | None = None, **pool_kwargs: Any) -> None:
+                 pool: Pool | None = None, session: RankSession | None = None, cluster: Cluster | str | None = None,
+                 **pool_kwargs: Any) -> None:
         self.corpus, self.telemetry = corpus, telemetry
         self._owns_pool = pool is None
+        self.cluster = emulation_for(cluster, pool.world_size if pool is not None else world_size, telemetry)
+        """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
         if pool is None:
-            setup = "workbench.telemetry.comm:register" if telemetry else None
+            setup = "workbench.telemetry.comm:register" if telemetry or self.cluster else None
+            if self.cluster is not None:  # the ranks read it as they create their first group
+                pool_kwargs["env"] = {**pool_kwargs.get("env", {}), CLUSTER_ENV: self.cluster.to_json()}
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
+        elif self.cluster is not None:
+            from workbench.emulation import rank as emulation
+
+            pool.run(emulation.install, self.cluster)
         self.pool = pool
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
@@ -239,6 +254,14 @@ class Workbench:
         return export(cfg, directory, **launch)
 
     # -- see ---------------------------------------------------------------------------------------
+    @property
+    def links(self) -> str:
+        """One line: whether a cluster is emulated, which, and the time dilation rank 0 measured last."""
+        if self.cluster is None or self.config is None:
+            return status_line(self.cluster)
+        return status_line(self.cluster, self.cluster.dilation or dilation_from_steps(
+            self.history, self.cluster, self.config.precision))
+
     def dashboard(self, refresh_s: float = 0.3):
         """Controls and live plots in one widget: change the layout, train, watch what it does."""
         from workbench.ui.dashboard import dashboard
@@ -267,6 +290,10 @@ class Workbench:
         self._unsubscribe()
         if self._owns_pool:
             self.pool.close()
+        elif self.cluster is not None and not self.pool.broken:
+            from workbench.emulation import rank as emulation
+
+            self.pool.run(emulation.uninstall)  # a shared pool goes back to its own links
 
     def __enter__(self) -> "Workbench":
         return self
@@ -276,4 +303,5 @@ class Workbench:
 
     def __repr__(self) -> str:
         layout = self.config.layout if self.config else "no model"
-        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)})"
+        emulated = f", cluster={self.cluster.describe()}" if self.cluster is not None else ""
+        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated})"
