@@ -9,8 +9,8 @@ import pytest
 
 from workbench import hardware, links
 from workbench.emulation import Cluster, status_line
-from workbench.emulation.cluster import (REAL_BUS_BANDWIDTH, dilation_from_steps, emulation_for, group_lines,
-                                         measured_dilation)
+from workbench.emulation.cluster import (REAL_BUS_BANDWIDTH, dilation_from_steps, emulation_for, fit_real,
+                                         group_lines, measured_dilation)
 from workbench.telemetry.events import Interval, StepMetrics
 
 
@@ -54,7 +54,14 @@ def test_group_lines_are_the_link_model_and_a_slow_estimate_of_this_machine():
     assert lines.peers[2] == links.coefficients("send", (1, 2), topo)  # the other node: a network port
     assert lines.peers[1][0].seconds_per_byte == 0  # to itself
     assert lines.target["p2p"] == lines.peers[2]  # a batch is priced at the slowest pair
-    assert lines.real["all_reduce"][0].seconds_per_byte == pytest.approx(1.5 / REAL_BUS_BANDWIDTH)
+    assert lines.real["all_reduce"][0].seconds_per_byte == pytest.approx(1.5 / REAL_BUS_BANDWIDTH)  # 2(n-1)/n
+    measured = fit_real({("all_gather", 1000): 0.002, ("all_gather", 3000): 0.006, ("send", 1000): 0.001,
+                         ("send", 3000): 0.001}, 1000, 3000, n=2, margin=1.5)
+    # all_gather on 2 ranks: 2 µs per byte of payload is 4 µs per bus byte (factor 1/2), 0 latency; ×1.5.
+    assert measured["all_gather"] == pytest.approx((0.0, 1.5 * 4e-6))
+    assert measured["recv"] == measured["send"] == pytest.approx((0.0015, 0.0))
+    four = group_lines((0, 1, 2, 3), 0, topo, measured)
+    assert four.real["all_gather"][0].seconds_per_byte == pytest.approx(0.75 * 1.5 * 4e-6)
     target, peers, real = lines.as_native()
     assert target["all_gather"] == [(line.latency, line.seconds_per_byte) for line in lines.target["all_gather"]]
     assert len(peers) == 4 and set(real) == set(links.KINDS)

@@ -19,9 +19,16 @@ CLUSTER = wb.Cluster("h100-25gbe", nodes=2, dilation=300.0)
 NBYTES = 2**20
 
 
-@pytest.fixture
-def emulated(pool):
-    pool.run(emulation.install, CLUSTER)
+@pytest.fixture(params=["shared", "estimated"])
+def emulated(pool, tmp_path, request):
+    """The pool emulating CLUSTER, its peers' arrivals read from shared memory (one host) or estimated from this
+    machine's measured transport (what ranks on several hosts do)."""
+    if request.param == "shared":
+        pool.run(emulation.install, CLUSTER, str(tmp_path))
+    else:
+        pool.run(emulation.install, CLUSTER)
+        pool.run(emulation.calibrate)
+    assert pool.run(emulation_status)[0]["arrivals"] == request.param
     yield pool
     pool.run(emulation.uninstall)
 
@@ -39,12 +46,13 @@ def test_every_kind_takes_the_link_models_time(emulated):
     assert status["line"].startswith("EMULATED cluster h100-25gbe: 2 nodes × 1 h100")
 
 
-def test_off_again_collectives_run_at_loopback_speed(emulated):
-    emulated.run(emulation.uninstall)
-    times = emulated.run(time_kinds, ("all_reduce",), (NBYTES,))[0]
+def test_off_again_collectives_run_at_loopback_speed(pool, tmp_path):
+    pool.run(emulation.install, CLUSTER, str(tmp_path))
+    pool.run(emulation.uninstall)
+    times = pool.run(time_kinds, ("all_reduce",), (NBYTES,))[0]
     assert times["all_reduce", NBYTES] < 0.3 * CLUSTER.dilation * links.collective_time(
         "all_reduce", NBYTES, (0, 1), CLUSTER.for_world(2).topology)
-    assert emulated.run(emulation_status)[0]["line"].startswith("links: this machine's own")
+    assert pool.run(emulation_status)[0]["line"].startswith("links: this machine's own")
 
 
 SMALL = wb.Config(batch_size=4, seq_len=32, dp=2, model=wb.ModelConfig(dim=32, n_layers=2, n_heads=2))

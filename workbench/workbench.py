@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import secrets
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from workbench import checkpoints
 from workbench.config import Config, ConfigError
 from workbench.emulation import Cluster, status_line
 from workbench.emulation.cluster import dilation_from_steps, emulation_for
-from workbench.emulation.rank import ENV as CLUSTER_ENV
+from workbench.emulation import rank as emulation
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, TelemetryStore
@@ -117,14 +120,13 @@ class Workbench:
         """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
         if pool is None:
             setup = "workbench.telemetry.comm:register" if telemetry or self.cluster else None
-            if self.cluster is not None:  # the ranks read it as they create their first group
-                pool_kwargs["env"] = {**pool_kwargs.get("env", {}), CLUSTER_ENV: self.cluster.to_json()}
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
-        elif self.cluster is not None:
-            from workbench.emulation import rank as emulation
-
-            pool.run(emulation.install, self.cluster)
         self.pool = pool
+        # Where the ranks share when each issued each collective, under emulation (removed with this Workbench).
+        self._arrivals = tempfile.mkdtemp(prefix="workbench-links-")
+        weakref.finalize(self, shutil.rmtree, self._arrivals, True)
+        if self.cluster is not None:
+            self._emulate()
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
         self.config: Config | None = None
@@ -253,6 +255,24 @@ class Workbench:
             raise RuntimeError("nothing to export: call bench.apply(wb.Config(...)) first, or pass config=")
         return export(cfg, directory, **launch)
 
+    def emulate(self, cluster: Cluster | str | None) -> str:
+        """Stand for another cluster from now on (None: this machine's own links); returns `links`.
+
+        The model and its training state stay as they are: only what communication costs changes.
+        """
+        self._require_idle("change the emulated cluster")
+        self.cluster = emulation_for(cluster, self.pool.world_size, self.telemetry)
+        if self.cluster is None:
+            self.pool.run(emulation.uninstall)
+        else:
+            self._emulate()
+        return self.links
+
+    def _emulate(self) -> None:
+        self.pool.run(emulation.install, self.cluster, self._arrivals)
+        if self.pool.run(emulation.status)[0]["arrivals"] != "shared":  # ranks on several hosts estimate them
+            self.pool.run(emulation.calibrate)
+
     # -- see ---------------------------------------------------------------------------------------
     @property
     def links(self) -> str:
@@ -281,6 +301,8 @@ class Workbench:
         """
         self.pool.restart()
         self._capabilities = self.session.capabilities()
+        if self.cluster is not None:
+            self._emulate()  # fresh ranks run on their own links until told
         if self.config is not None:
             self.apply(self.config, fresh=True)
 
@@ -291,9 +313,8 @@ class Workbench:
         if self._owns_pool:
             self.pool.close()
         elif self.cluster is not None and not self.pool.broken:
-            from workbench.emulation import rank as emulation
-
             self.pool.run(emulation.uninstall)  # a shared pool goes back to its own links
+        shutil.rmtree(self._arrivals, ignore_errors=True)
 
     def __enter__(self) -> "Workbench":
         return self

@@ -6,6 +6,11 @@
 
 #include <pybind11/stl.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -42,11 +47,105 @@ struct Lines {
   }
 };
 
+// When each rank of a group issued its collectives, in memory every rank of
+// the group maps (ranks on one host share CLOCK_MONOTONIC): after a
+// collective ends for real, a rank reads when its last peer arrived instead
+// of estimating it. Slots are tagged with the sequence number + 1 they hold,
+// so a slot still holding an older collective is never read as this one.
+//   collectives: [kSlots][n] of {tag, ns}: rank j's k-th collective of the group;
+//   p2p:         [n][n][kP2pSlots] of {send tag, send ns, recv tag, recv ns}: the k-th transfer src -> dst.
+class Arrivals {
+ public:
+  static constexpr int64_t kSlots = 256;
+  static constexpr int64_t kP2pSlots = 64;
+
+  static size_t bytes_for(int n) {
+    return sizeof(int64_t) * (kSlots * n * 2 + static_cast<size_t>(n) * n * kP2pSlots * 4);
+  }
+
+  Arrivals(const std::string& path, size_t offset, int n, int me) : n_(n), me_(me), size_(bytes_for(n)) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    TORCH_CHECK(fd >= 0, "workbench emulation: cannot open ", path);
+    struct stat st {};
+    const size_t end = offset + size_;
+    if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) < end) {
+      TORCH_CHECK(::ftruncate(fd, static_cast<off_t>(end)) == 0, "workbench emulation: cannot size ", path);
+    }
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    TORCH_CHECK(offset % page == 0, "workbench emulation: arrivals offset not page-aligned");
+    void* map = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+    ::close(fd);
+    TORCH_CHECK(map != MAP_FAILED, "workbench emulation: cannot map ", path);
+    base_ = static_cast<std::atomic<int64_t>*>(map);
+  }
+  ~Arrivals() {
+    ::munmap(base_, size_);
+  }
+  Arrivals(const Arrivals&) = delete;
+  Arrivals& operator=(const Arrivals&) = delete;
+
+  // This rank issues its `seq`-th collective of the group at `ns`.
+  void arrive(int64_t seq, int64_t ns) {
+    stamp(coll(seq, me_), seq, ns);
+  }
+  // The latest issue of the `seq`-th collective over the ranks that have stamped it.
+  int64_t last(int64_t seq, int64_t own_ns) const {
+    int64_t latest = own_ns;
+    for (int j = 0; j < n_; ++j) {
+      latest = std::max(latest, read(coll(seq, j), seq, own_ns));
+    }
+    return latest;
+  }
+  // The k-th transfer from src to dst: a send stamps its side, a recv the other.
+  void arrive_p2p(int src, int dst, int64_t k, bool sending, int64_t ns) {
+    stamp(p2p(src, dst, k) + (sending ? 0 : 2), k, ns);
+  }
+  int64_t last_p2p(int src, int dst, int64_t k, int64_t own_ns) const {
+    const auto* e = p2p(src, dst, k);
+    return std::max({own_ns, read(e, k, own_ns), read(e + 2, k, own_ns)});
+  }
+
+ private:
+  std::atomic<int64_t>* coll(int64_t seq, int rank) const {
+    return base_ + ((seq % kSlots) * n_ + rank) * 2;
+  }
+  std::atomic<int64_t>* p2p(int src, int dst, int64_t k) const {
+    return base_ + kSlots * n_ * 2 + ((static_cast<int64_t>(src) * n_ + dst) * kP2pSlots + k % kP2pSlots) * 4;
+  }
+  static void stamp(std::atomic<int64_t>* slot, int64_t seq, int64_t ns) {
+    slot[1].store(ns, std::memory_order_relaxed);
+    slot[0].store(seq + 1, std::memory_order_release); // the tag last: a reader never sees a stale time
+  }
+  static int64_t read(const std::atomic<int64_t>* slot, int64_t seq, int64_t otherwise) {
+    return slot[0].load(std::memory_order_acquire) == seq + 1 ? slot[1].load(std::memory_order_relaxed) : otherwise;
+  }
+
+  int n_, me_;
+  size_t size_;
+  std::atomic<int64_t>* base_ = nullptr;
+};
+
+static_assert(std::atomic<int64_t>::is_always_lock_free, "arrivals are shared between processes");
+
+// How many collectives (and transfers to/from each peer) this rank issued on
+// a group while it was emulated: the index every rank of the group agrees on.
+struct Counters {
+  explicit Counters(int n) : sent(n), received(n) {}
+  std::atomic<int64_t> collectives{0};
+  std::vector<std::atomic<int64_t>> sent, received;
+};
+
 struct GroupModel {
   std::unordered_map<std::string, Lines> target; // by kind; "p2p" prices a coalesced send/recv batch
   std::vector<Lines> peers;                      // send/recv by the peer's group rank
   std::unordered_map<std::string, Lines> real;   // this machine's own transfer time, by kind
+  int me = 0;                                    // this rank's place in the group
+  std::shared_ptr<Arrivals> arrivals;            // null: peers' arrivals estimated from `real`
+  std::shared_ptr<Counters> counters;
 };
+
+// Counters outlive a repricing of their group (calibrate, install): ranks keep agreeing on the index.
+std::unordered_map<std::string, std::shared_ptr<Counters>> g_counters;
 
 std::mutex g_mu;
 std::unordered_map<std::string, std::shared_ptr<const GroupModel>> g_groups;
@@ -65,11 +164,28 @@ std::shared_ptr<const GroupModel> group(const std::string& uid) {
   return it == g_groups.end() ? nullptr : it->second;
 }
 
-// When the collective may report completion: it started when its last peer
-// arrived, which is no earlier than this rank's issue and no later than the
-// real end less the real transfer, and then takes the dilated target time.
-int64_t deadline_ns(int64_t start_ns, int64_t real_end_ns, int64_t real_ns, int64_t target_ns) {
-  const int64_t deadline = std::max(start_ns, real_end_ns - real_ns) + target_ns;
+// When a collective started: when its last peer arrived. Read from the
+// arrivals where the group shares them; else no earlier than this rank's
+// issue and no later than the real end less this machine's own transfer time.
+struct Start {
+  int64_t own_ns = 0;
+  int64_t real_ns = 0;
+  std::shared_ptr<Arrivals> arrivals;
+  int kind = 0; // 0: collective, 1: send, 2: recv
+  int64_t index = 0;
+  int src = 0, dst = 0;
+
+  int64_t at(int64_t real_end_ns) const {
+    if (!arrivals) {
+      return std::max(own_ns, real_end_ns - real_ns);
+    }
+    return kind == 0 ? arrivals->last(index, own_ns) : arrivals->last_p2p(src, dst, index, own_ns);
+  }
+};
+
+// When the collective may report completion: its start plus the dilated target time.
+int64_t deadline_ns(const Start& start, int64_t real_end_ns, int64_t target_ns) {
+  const int64_t deadline = start.at(real_end_ns) + target_ns;
   if (deadline <= real_end_ns) {
     ++g_overruns; // this machine was slower than the emulated cluster: the real time stands
   }
@@ -130,11 +246,10 @@ Pacer& pacer() {
 
 class PacedWork final : public c10d::Work {
  public:
-  PacedWork(c10::intrusive_ptr<c10d::Work> inner, int64_t start_ns, int64_t real_ns, int64_t target_ns)
+  PacedWork(c10::intrusive_ptr<c10d::Work> inner, Start start, int64_t target_ns)
       : c10d::Work(-1, inner->retrieveOpType()),
         inner_(std::move(inner)),
-        start_ns_(start_ns),
-        real_ns_(real_ns),
+        start_(std::move(start)),
         target_ns_(target_ns) {
     c10::intrusive_ptr<c10::ivalue::Future> fut;
     try {
@@ -147,13 +262,13 @@ class PacedWork final : public c10d::Work {
     }
     future_ = c10::make_intrusive<c10::ivalue::Future>(fut->elementType());
     // Captures no Work (a future owning its Work back would never be freed).
-    fut->addCallback([out = future_, start_ns, real_ns, target_ns](c10::ivalue::Future& f) {
+    fut->addCallback([out = future_, start = start_, target_ns](c10::ivalue::Future& f) {
       if (f.hasError()) {
         out->setError(f.exception_ptr());
         return;
       }
       const int64_t end = now_ns();
-      const int64_t due = deadline_ns(start_ns, end, real_ns, target_ns);
+      const int64_t due = deadline_ns(start, end, target_ns);
       if (due <= end) {
         out->markCompleted(f.value());
         return;
@@ -215,7 +330,7 @@ class PacedWork final : public c10d::Work {
   int64_t resolve_deadline() {
     int64_t due = deadline_.load();
     if (due == 0) {
-      const int64_t fresh = deadline_ns(start_ns_, now_ns(), real_ns_, target_ns_);
+      const int64_t fresh = deadline_ns(start_, now_ns(), target_ns_);
       if (deadline_.compare_exchange_strong(due, fresh)) {
         due = fresh;
       }
@@ -225,7 +340,8 @@ class PacedWork final : public c10d::Work {
 
   c10::intrusive_ptr<c10d::Work> inner_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  int64_t start_ns_, real_ns_, target_ns_;
+  Start start_;
+  int64_t target_ns_;
   std::atomic<int64_t> deadline_{0};
 };
 
@@ -336,7 +452,34 @@ struct Cost {
   bool paced = false;
   int64_t target_ns = 0; // dilated
   int64_t real_ns = 0;
+  std::shared_ptr<const GroupModel> model;
+  int kind = 0; // Start::kind
+  int peer = -1;
 };
+
+// Stamps this rank's arrival (where the group shares arrivals) and returns the start to resolve later.
+Start arrive(const Cost& c, int64_t now) {
+  Start s;
+  s.own_ns = now;
+  s.real_ns = c.real_ns;
+  const auto& m = *c.model;
+  if (!m.arrivals) {
+    return s;
+  }
+  s.arrivals = m.arrivals;
+  s.kind = c.kind;
+  if (c.kind == 0) {
+    s.index = m.counters->collectives++;
+    m.arrivals->arrive(s.index, now);
+  } else {
+    const bool sending = c.kind == 1;
+    s.src = sending ? m.me : c.peer;
+    s.dst = sending ? c.peer : m.me;
+    s.index = (sending ? m.counters->sent[c.peer] : m.counters->received[c.peer])++;
+    m.arrivals->arrive_p2p(s.src, s.dst, s.index, sending, now);
+  }
+  return s;
+}
 
 bool is_p2p(const std::string& op) {
   return op == "send" || op == "recv";
@@ -363,6 +506,10 @@ Cost cost_of(const std::string& uid, const std::string& op, int64_t bytes, int p
   }
   const auto real = model->real.find(op.find('+') != std::string::npos ? std::string("send") : op);
   c.paced = true;
+  c.model = model;
+  const bool p2p = is_p2p(op) && peer >= 0 && static_cast<size_t>(peer) < model->peers.size();
+  c.kind = p2p ? (op == "send" ? 1 : 2) : 0;
+  c.peer = p2p ? peer : -1;
   c.target_ns = static_cast<int64_t>(g_dilation.load() * lines->seconds(bytes) * 1e9);
   c.real_ns = real == model->real.end() ? 0 : static_cast<int64_t>(real->second.seconds(bytes) * 1e9);
   return c;
@@ -370,7 +517,7 @@ Cost cost_of(const std::string& uid, const std::string& op, int64_t bytes, int p
 
 c10::intrusive_ptr<c10d::Work> pace(
     c10::intrusive_ptr<c10d::Work> work,
-    int64_t start_ns,
+    Start start,
     int64_t cuda_slot,
     const Cost& c,
     const at::Device& device) {
@@ -381,7 +528,7 @@ c10::intrusive_ptr<c10d::Work> pace(
   if (device.is_cuda()) {
     return c10::make_intrusive<PacedCudaWork>(std::move(work), device, cuda_slot, c.real_ns, c.target_ns);
   }
-  return c10::make_intrusive<PacedWork>(std::move(work), start_ns, c.real_ns, c.target_ns);
+  return c10::make_intrusive<PacedWork>(std::move(work), std::move(start), c.target_ns);
 }
 
 int64_t cuda_stamp(const at::Device& device) {
@@ -416,8 +563,8 @@ IssueFn emulated(
     // On CUDA the start is a GPU-clock stamp on the caller's stream, which the
     // collective's stream waits for: the moment it could start.
     const int64_t slot = device.is_cuda() ? cuda_stamp(device) : 0;
-    const int64_t start = now_ns();
-    return pace(issue(backend), start, slot, c, device);
+    Start start = arrive(c, now_ns());
+    return pace(issue(backend), std::move(start), slot, c, device);
   };
 }
 
@@ -437,7 +584,10 @@ c10::intrusive_ptr<c10d::Work> emulated_batch(
   }
   // A batch's start was not stamped on the GPU: its hold counts from when the batch is done.
   const int64_t slot = device.is_cuda() ? cuda_stamp(device) : 0;
-  return pace(std::move(work), start_ns, slot, c, device);
+  Start start; // a batch's peers are several: its start is estimated, not read
+  start.own_ns = start_ns;
+  start.real_ns = c.real_ns;
+  return pace(std::move(work), std::move(start), slot, c, device);
 }
 
 // --- Python ----------------------------------------------------------------------
@@ -463,8 +613,16 @@ void bind_emulation(pybind11::module_& m) {
       [](const std::string& uid,
          const std::unordered_map<std::string, PyLines>& target,
          const std::vector<PyLines>& peers,
-         const std::unordered_map<std::string, PyLines>& real) {
+         const std::unordered_map<std::string, PyLines>& real,
+         int me,
+         const std::string& arrivals,
+         size_t offset) {
         auto model = std::make_shared<GroupModel>();
+        const int n = static_cast<int>(peers.size());
+        model->me = me;
+        if (!arrivals.empty()) {
+          model->arrivals = std::make_shared<Arrivals>(arrivals, offset, n, me);
+        }
         for (const auto& [kind, lines] : target) {
           model->target[kind] = to_lines(lines);
         }
@@ -475,13 +633,22 @@ void bind_emulation(pybind11::module_& m) {
           model->real[kind] = to_lines(lines);
         }
         std::lock_guard<std::mutex> lock(g_mu);
+        auto& counters = g_counters[uid];
+        if (!counters) {
+          counters = std::make_shared<Counters>(n);
+        }
+        model->counters = counters;
         g_groups[uid] = std::move(model);
         refresh_on_locked();
       },
       py::arg("uid"),
       py::arg("target"),
       py::arg("peers"),
-      py::arg("real"));
+      py::arg("real"),
+      py::arg("me"),
+      py::arg("arrivals") = "",
+      py::arg("offset") = 0);
+  m.def("emulation_arrivals_bytes", [](int n) { return Arrivals::bytes_for(n); }, py::arg("group_size"));
   m.def("emulation_clear", [] {
     std::lock_guard<std::mutex> lock(g_mu);
     g_groups.clear();

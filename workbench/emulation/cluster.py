@@ -26,10 +26,37 @@ DEFAULT_EFFICIENCY = 0.4
 
 REAL_LATENCY_S = 1e-3
 REAL_BUS_BANDWIDTH = 0.25e9
-"""An upper bound of this machine's own transfer time, subtracted from a collective's real end to find when its
-last peer arrived: gloo between two ranks on one 2-core machine reaches 0.28-0.9 GB/s of bus bandwidth by kind
-and 0.9 ms for a 1 KiB all-reduce (docs FACTS, measured for this project). Too high an estimate only forgets up
-to the difference when a peer is late; too low adds the shortfall to every collective."""
+"""Before it is measured (`fit_real`), an upper bound of this machine's own transfer time, subtracted from a
+collective's real end to find when its last peer arrived: gloo between two ranks on one 2-core machine reaches
+0.28-0.9 GB/s of bus bandwidth by kind and 0.9 ms for a 1 KiB all-reduce (docs FACTS, measured for this project).
+Too high an estimate only forgets up to the difference when a peer is late; too low adds the shortfall to every
+collective."""
+
+REAL_MARGIN = 1.5
+"""The measured real times are taken this much higher: a loaded machine is slower than its calibration."""
+
+RealLinks = dict[str, tuple[float, float]]
+"""kind -> (latency s, seconds per byte of bus traffic) of this machine's own transport."""
+
+DEFAULT_REAL: RealLinks = {kind: (REAL_LATENCY_S, 1 / REAL_BUS_BANDWIDTH) for kind in links.KINDS}
+
+
+def fit_real(times: dict[tuple[str, int], float], small: int, large: int, n: int,
+             margin: float = REAL_MARGIN) -> RealLinks:
+    """This machine's own transport per kind, from each kind timed unpaced at two sizes on `n` ranks
+    (`collectives.time_kinds`): the line through the two points, in bus bytes so it scales to other group sizes,
+    taken `margin` higher. Kinds not timed keep the default."""
+    real = dict(DEFAULT_REAL)
+    for kind in links.KINDS:
+        timed = "send" if kind == "recv" else kind
+        if (timed, small) not in times or (timed, large) not in times:
+            continue
+        t_small, t_large = times[timed, small], times[timed, large]
+        factor = links.bus_factor(timed, n)
+        per_byte = max(0.0, (t_large - t_small) / (large - small))
+        latency = max(0.0, t_small - per_byte * small)
+        real[kind] = (margin * latency, margin * per_byte / factor if factor else 0.0)
+    return real
 
 
 @dataclass(frozen=True)
@@ -161,17 +188,16 @@ class GroupLines:
                 {k: pairs(v) for k, v in self.real.items()})
 
 
-def group_lines(ranks: tuple[int, ...], me: int, topology: Topology,
-                real_latency: float = REAL_LATENCY_S, real_bus_bandwidth: float = REAL_BUS_BANDWIDTH) -> GroupLines:
-    """The lines of the group of global `ranks` as seen by global rank `me`."""
+def group_lines(ranks: tuple[int, ...], me: int, topology: Topology, real: RealLinks = DEFAULT_REAL) -> GroupLines:
+    """The lines of the group of global `ranks` as seen by global rank `me`; `real`: this machine's transport."""
     target = {kind: links.coefficients(kind, ranks, topology) for kind in links.KINDS if kind not in ("send", "recv")}
     peers = tuple(links.coefficients("send", (me, peer), topology) if peer != me else (Line("local", 0.0, 0.0),)
                   for peer in ranks)
     target["p2p"] = (max((p[0] for p in peers), key=lambda line: line.seconds_per_byte),)
     n = len(ranks)
-    real = {kind: (Line("real", real_latency, links.bus_factor(kind, n) / real_bus_bandwidth),)
-            for kind in links.KINDS}
-    return GroupLines(target, peers, real)
+    own = {kind: (Line("real", latency, links.bus_factor(kind, n) * per_bus_byte),)
+           for kind, (latency, per_bus_byte) in real.items()}
+    return GroupLines(target, peers, own)
 
 
 def step_compute_s(intervals) -> float:

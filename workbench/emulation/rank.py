@@ -2,21 +2,25 @@
 and keeps the time dilation measured.
 
 Every group the recording backend creates passes through `remember_group` (called by
-`workbench.telemetry.comm`), so the emulation knows each group's global ranks whenever it is switched on:
-at the start, from ``$WORKBENCH_CLUSTER`` (a `Cluster` as JSON, which `wb.Workbench(cluster=...)` sets), or
-later by `install(cluster)` sent through `pool.run`. Off, nothing here runs per collective.
+`workbench.telemetry.comm`), so the emulation knows each group's global ranks whenever it is switched on by
+`install(cluster)`, sent through `pool.run` (`wb.Workbench(cluster=...)` does). Off, nothing here runs per
+collective.
+
+Where every rank of the pool is on one host, each group's ranks share a small file (mapped memory) in which
+each stamps when it issued each collective, so the backend knows exactly when a collective's last peer arrived
+(CLOCK_MONOTONIC is one clock for the whole host). Across hosts it estimates that from this machine's own
+transfer times, measured by `calibrate`.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections import deque
 from typing import Any
 
-from workbench.emulation.cluster import Cluster, dilation_from_steps, group_lines
-
-ENV = "WORKBENCH_CLUSTER"
-"""The environment variable a rank reads its cluster from: `Cluster.to_json()`."""
+from workbench.emulation.cluster import DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines
 
 MEASURED_STEPS = 3
 """The dilation is the median over this many latest steps: one slow step (a collection, a page fault) does not
@@ -25,6 +29,10 @@ swing it."""
 _groups: dict[str, tuple[tuple[int, ...], int]] = {}
 """uid -> (the group's global ranks, this rank's global rank)."""
 _cluster: Cluster | None = None
+_arrivals: str | None = None
+"""The folder of the groups' shared arrival files; None when the ranks span hosts."""
+_real: RealLinks = dict(DEFAULT_REAL)
+"""This machine's own transport, measured by `calibrate` (a conservative default until then)."""
 _recent: deque = deque(maxlen=MEASURED_STEPS)
 """The latest steps' metrics, for the measured dilation."""
 
@@ -35,35 +43,34 @@ def _native():
     return native.load()
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_world_size()
-    return 1 + max((max(ranks) for ranks, _ in _groups.values()), default=0)  # the world is the first group
-
-
 def remember_group(uid: str, global_ranks: list[int] | tuple[int, ...], group_rank: int) -> None:
     """A process group was created (the recording backend's creator calls this with the group's global ranks
     and this rank's place in it): remember it, and price it if a cluster is emulated."""
     ranks = tuple(global_ranks)
     _groups[uid] = (ranks, ranks[group_rank])
-    if _cluster is None and os.environ.get(ENV):
-        install(Cluster.from_json(os.environ[ENV]))
-    elif _cluster is not None:
+    if _cluster is not None:
         _price(uid)
 
 
 def _price(uid: str) -> None:
     ranks, me = _groups[uid]
-    lines = group_lines(ranks, me, _cluster.topology)
-    _native().emulation_set_group(uid, *lines.as_native())
+    lines = group_lines(ranks, me, _cluster.topology, _real)
+    # One file per group, named by its uid, which every member knows alike.
+    shared = os.path.join(_arrivals, "group-" + re.sub(r"[^A-Za-z0-9_.-]", "_", uid)) if _arrivals else ""
+    _native().emulation_set_group(uid, *lines.as_native(), ranks.index(me), shared)
 
 
-def install(cluster: Cluster) -> str:
-    """Emulate `cluster` on this rank from now on; returns the status line. Every rank must install the same."""
-    global _cluster
-    _cluster = cluster.for_world(_world_size())
+def install(cluster: Cluster, arrivals: str | None = None) -> str:
+    """Emulate `cluster` on this rank from now on; returns the status line. Every rank runs it at once (through
+    `pool.run`), with the same `arrivals`: a folder every rank can write, for the groups' shared arrival
+    times (used only when every rank is on this host)."""
+    import torch.distributed as dist
+
+    global _cluster, _arrivals
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    _cluster = cluster.for_world(dist.get_world_size())
+    _arrivals = arrivals if arrivals and len(set(hosts)) == 1 else None
     _recent.clear()
     ext = _native()
     ext.emulation_clear()
@@ -81,6 +88,36 @@ def install(cluster: Cluster) -> str:
     return status()["line"]
 
 
+CALIBRATION_SIZES = (2**16, 2**21)
+
+
+def calibrate() -> dict[str, tuple[float, float]]:
+    """Measure this machine's own transport (every kind, unpaced, at two sizes on the world group) and price
+    every group with it; all ranks at once. Returns kind -> (latency s, s per bus byte). Only ranks on several
+    hosts need it (elsewhere the arrivals are read, not estimated)."""
+    import torch.distributed as dist
+
+    from workbench.emulation.collectives import KINDS, time_kinds
+
+    global _real
+    ext = _native()
+    paced = ext.emulation_dilation()
+    ext.emulation_set_dilation(0.0)
+    gathered: list = [None] * dist.get_world_size()
+    try:
+        times = time_kinds(KINDS, CALIBRATION_SIZES, reps=2)
+        # The slowest rank's times: a collective ends together everywhere, so that is what each one waited.
+        dist.all_gather_object(gathered, times)
+    finally:
+        ext.emulation_set_dilation(paced)
+    slowest = {key: max(t[key] for t in gathered) for key in times}
+    _real = fit_real(slowest, *CALIBRATION_SIZES, n=dist.get_world_size())
+    if _cluster is not None:
+        for uid in _groups:
+            _price(uid)
+    return dict(_real)
+
+
 def uninstall() -> None:
     """Back to this machine's own links."""
     global _cluster
@@ -92,9 +129,10 @@ def uninstall() -> None:
 
 
 def _device_is_cuda() -> bool:
-    from workbench.pool import rank
+    # Asked as the world group is created too, before the rank knows its device: CUDA present is enough.
+    import torch
 
-    return rank.info is not None and rank.info.device.startswith("cuda")
+    return torch.cuda.is_available()
 
 
 def cluster() -> Cluster | None:
@@ -127,4 +165,4 @@ def status() -> dict[str, Any]:
     paced, overruns = _native().emulation_counts()
     d = dilation()
     return {"line": status_line(_cluster, d), "dilation": d, "paced": paced, "overruns": overruns,
-            "cluster": _cluster}
+            "cluster": _cluster, "arrivals": "shared" if _arrivals else "estimated"}
