@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import workbench as wb  # noqa: E402
 from workbench.emulation.cluster import dilation_from_steps  # noqa: E402
-from workbench.engine.parallel.schedule_grid import ActionInterval, measured_bubble  # noqa: E402
+from workbench.schedules import ActionInterval, measured_bubble  # noqa: E402
 
 STEPS, WARMUP = 6, 2
 MODEL = wb.ModelConfig.preset("tiny")

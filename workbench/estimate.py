@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from workbench.config import Config, ModelConfig, checkpointed_blocks
-from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders, stages_of_rank
+from workbench.schedules import config_stages, rank_layers, rank_orders, stages_of_rank
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
