@@ -8,6 +8,7 @@ Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Compression = Literal["none", "fp16", "bf16", "powersgd", "int8", "1bit"]
+ExpertExchange = Literal["flat", "hierarchical"]
 ZERO_STAGES = (0, 1, 2, 3)
 
 

@@ -59,6 +59,12 @@ def zero_has_ranks_to_shard_over(cfg: Config) -> None:
                      f"differ across ep={cfg.ep} ranks", "use zero=0, 2 or 3 with ep > 1, or ep=1")
 
 
+def hierarchical_exchange_has_experts(cfg: Config) -> None:
+    if cfg.expert_exchange == "hierarchical" and cfg.ep == 1:
+        raise refuse("expert_exchange", "the hierarchical exchange routes expert-parallel tokens, but ep=1 has none",
+                     'set ep ≥ 2 (a mixture of experts split over ranks) or expert_exchange="flat"')
+
+
 def compression_has_a_sync_to_compress(cfg: Config) -> None:
     kind = cfg.compression
     if kind != "none" and cfg.dp == 1:
@@ -87,6 +93,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     batch_splits_and_sequence_fits,
     zero_has_ranks_to_shard_over,
     compression_has_a_sync_to_compress,
+    hierarchical_exchange_has_experts,
     offload_has_plain_parameters,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""

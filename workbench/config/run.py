@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import ZERO_STAGES, Compression, Precision, Recompute, Schedule
+from workbench.config.choices import ZERO_STAGES, Compression, ExpertExchange, Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
@@ -44,6 +44,10 @@ class Config:
     ep: int = 1
     """Expert-parallel degree: each MoE layer's experts split across this many of the dp ranks (ep divides dp);
     tokens travel to their experts by all-to-all. The world stays dp·tp·pp."""
+    expert_exchange: ExpertExchange = "flat"
+    """How expert-parallel tokens travel (ep > 1): "flat", one all-to-all over the ep ranks, or "hierarchical",
+    first among the ranks of each node, then one message per remote node's peer (Switch/GShard-style two-level
+    exchange). Same tokens, same order: the losses are identical. Nodes are the emulated cluster's, else hosts."""
     zero: int = 0
     """ZeRO stage 0-3 across the dp ranks (0 DDP, 1 +sharded optimizer, 2 FSDP2 no reshard, 3 FSDP2)."""
     schedule: Schedule = "1f1b"
@@ -110,7 +114,7 @@ class Config:
         """A short name for the layout, e.g. "dp2·tp2·zero1·bf16"."""
         parts = [f"{a}{n}" for a, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1] or ["single"]
         if self.ep > 1:
-            parts.append(f"ep{self.ep}")
+            parts.append(f"ep{self.ep}" + ("h" if self.expert_exchange == "hierarchical" else ""))
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.pp > 1:
