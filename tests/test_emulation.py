@@ -81,12 +81,14 @@ def test_the_dilation_is_this_ranks_compute_over_the_targets_time_for_the_flops(
     # 30 ms of compute spans (one 10 ms wait inside them does not count) for 1e9 FLOPs.
     step = _step([(0, 20_000_000), (25_000_000, 45_000_000)], [(30_000_000, 40_000_000)], 1e9)
     expected = 0.030 / (1e9 / (h100_fp32 * 0.5))
-    assert dilation_from_steps([step], cluster, "fp32") == pytest.approx(expected)
     assert measured_dilation(0.030, 1e9, hardware.H100, "fp32", 0.5) == pytest.approx(expected)
-    # The median of the latest steps: one slow step does not swing it.
+    # The lowest of the latest steps, once two are measured: a warm-up or a slow step does not swing it.
     slow = _step([(0, 90_000_000)], [], 1e9)
-    assert dilation_from_steps([step, step, slow], cluster, "fp32") == pytest.approx(expected)
-    assert dilation_from_steps([replace(step, intervals=())], cluster, "fp32") is None
+    assert dilation_from_steps([slow], cluster, "fp32") is None
+    assert dilation_from_steps([slow, step], cluster, "fp32") == pytest.approx(expected)
+    assert dilation_from_steps([step, slow, slow], cluster, "fp32") == pytest.approx(expected)
+    assert dilation_from_steps([slow, slow, slow, step], cluster, "fp32") == pytest.approx(expected)
+    assert dilation_from_steps([replace(step, intervals=())] * 3, cluster, "fp32") is None
 
 
 def test_the_status_line_says_plainly_what_is_emulated():
@@ -95,5 +97,15 @@ def test_the_status_line_says_plainly_what_is_emulated():
     line = status_line(cluster, 1234.5)
     assert line.startswith("EMULATED cluster h100-25gbe: 2 nodes × 1 h100")
     assert "25 GbE (TCP)" in line and "time dilated ×1.23e+03 (this rank's compute ÷ the h100's at 40% MFU)" in line
-    assert "measured from the first step" in status_line(cluster)
+    assert "measured from the first steps" in status_line(cluster)
     assert status_line(replace(cluster, dilation=50.0)).endswith("time dilated ×50 (fixed)")
+
+
+def test_the_dashboard_header_carries_the_links_line():
+    from workbench.ui.dashboard import _links_line
+
+    class Bench:
+        links = status_line(Cluster("h100-25gbe", nodes=2).for_world(2), 1234.5)
+
+    assert "EMULATED cluster h100-25gbe: 2 nodes" in _links_line(Bench())
+    assert _links_line(object()) == ""  # a fake without the property shows nothing
