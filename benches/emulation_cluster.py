@@ -23,8 +23,9 @@ import workbench as wb  # noqa: E402
 from workbench.emulation.cluster import dilation_from_steps  # noqa: E402
 from workbench.schedules import ActionInterval, measured_bubble  # noqa: E402
 
-STEPS, WARMUP = 6, 2
-MODEL = wb.ModelConfig.preset("tiny")
+STEPS, WARMUP = 5, 1
+# Small enough that a step over emulated 25 GbE takes about a second here (0.5 MB of gradients).
+MODEL = wb.ModelConfig(dim=64, n_layers=2, n_heads=2)
 BASE = wb.Config(model=MODEL, batch_size=8, seq_len=64)
 NVLINK_NODE = dict(target="h100-ib", nodes=1)
 IB_NODES = dict(target="h100-ib", nodes=2)
@@ -36,6 +37,8 @@ def _run(pool, cluster: wb.Cluster, cfg: wb.Config, steps: int = STEPS):
     try:
         bench.apply(cfg, fresh=True)
         rank0 = bench.train(steps).wait()
+        print(f"     ({cfg.layout} on {bench.cluster.describe()}, dilation {bench.links.split('dilated ')[-1][:12]}: "
+              f"steps {', '.join(f'{m.step_time_s:.2f}' for m in rank0)} s)", flush=True)
         everyone = {r: bench.store.steps(r) for r in range(pool.world_size)}
         return rank0, everyone
     finally:
@@ -44,7 +47,7 @@ def _run(pool, cluster: wb.Cluster, cfg: wb.Config, steps: int = STEPS):
 
 def _dilation(pool, shape: dict, cfg: wb.Config) -> float:
     """The measured dilation of `cfg` on `shape`, from a short run with the dilation measured every step."""
-    rank0, _ = _run(pool, wb.Cluster(**shape), cfg, steps=4)
+    rank0, _ = _run(pool, wb.Cluster(**shape), cfg, steps=3)
     return dilation_from_steps(rank0, wb.Cluster(**shape), cfg.precision)
 
 
@@ -84,8 +87,7 @@ def pipeline(pool) -> None:
         rank0, everyone = _run(pool, wb.Cluster(**shape, dilation=d), cfg)
         bubbles, exposed = [], []
         for step in range(WARMUP, STEPS):
-            actions = [ActionInterval(r, *a) for r, steps in everyone.items() for a in
-                       [(s, mb, k, t0, t1) for (s, mb, k, t0, t1) in steps[step].pipeline_actions]]
+            actions = [ActionInterval(r, *a) for r, steps in everyone.items() for a in steps[step].pipeline_actions]
             bubbles.append(measured_bubble(actions).fraction)
             exposed.append(max(steps[step].exposed_comm_s for steps in everyone.values()))
         print(f"   {label}: step {_median_step(rank0) / d * 1e3:.3f} ms undilated, bubble "

@@ -93,7 +93,7 @@ def test_the_measured_dilation_is_this_ranks_compute_over_the_targets(pool):
         busy = reference.union_length(compute) - reference.union_length(reference.intersection(compute, waits))
         ratios.append(busy * 1e-9 / gpu_time)
     shown = float(line.split("time dilated ×")[1].split()[0])
-    assert shown == pytest.approx(sorted(ratios)[1], rel=0.02)  # the median of the three
-    # Step 0 ran unpaced (nothing measured yet); step 2 was paced at what steps 0-1 measured.
+    assert shown == pytest.approx(min(ratios), rel=0.02)  # the lowest of the three
+    # Steps 0 and 1 ran unpaced (the dilation was being measured); step 2 was paced at what they measured.
     sync0, sync2 = ([iv for iv in m.intervals if iv.kind == "comm" and iv.group_size == 2] for m in (steps[0], steps[2]))
     assert sum(iv.duration_s for iv in sync2) > 5 * sum(iv.duration_s for iv in sync0)

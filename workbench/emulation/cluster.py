@@ -8,7 +8,7 @@ communication is stretched by the same factor, so that it keeps the target's rat
 
     d = this rank's measured compute time of a step / (the step's FLOPs / (target peak × efficiency))
 
-measured on every step by default (the first step of a session runs unpaced, to measure it), or fixed.
+measured on every step by default (the session's first two steps run unpaced, to measure it), or fixed.
 Every collective then completes no earlier than d × its time on the target (`links.collective_time`).
 """
 
@@ -158,7 +158,7 @@ def status_line(cluster: Cluster | None, dilation: float | None = None) -> str:
     if cluster is None:
         return "links: this machine's own (loopback); no cluster emulated"
     if dilation is None:
-        how = ("time dilation: measured from the first step" if cluster.dilation is None
+        how = ("time dilation: measured from the first steps" if cluster.dilation is None
                else f"time dilated ×{cluster.dilation:.3g}")
     else:
         how = f"time dilated ×{dilation:.3g}"
@@ -207,15 +207,18 @@ def step_compute_s(intervals) -> float:
     return sum(end - start for start, end in merge(split_kinds(intervals)[0])) * 1e-9
 
 
-def dilation_from_steps(steps, cluster: Cluster, precision: str, last: int = 3) -> float | None:
-    """The measured dilation after `steps` (one rank's `StepMetrics`, oldest first): the median over the `last`
-    steps that carry telemetry; None before any."""
-    import statistics
+WARMUP_STEPS = 2
+"""Steps measured before the dilation is trusted: a first step carries its warm-up (allocations, the first
+optimizer step), which would inflate it."""
 
+
+def dilation_from_steps(steps, cluster: Cluster, precision: str, last: int = 3) -> float | None:
+    """The measured dilation after `steps` (one rank's `StepMetrics`, oldest first): the lowest ratio over the
+    `last` steps that carry telemetry (noise only ever adds compute time); None before WARMUP_STEPS of them."""
     ratios = [measured_dilation(step_compute_s(m.intervals), m.flops, cluster.gpu, precision, cluster.efficiency)
               for m in steps[-last:] if m.intervals]
     ratios = [r for r in ratios if r is not None]
-    return statistics.median(ratios) if ratios else None
+    return min(ratios) if len(ratios) >= min(WARMUP_STEPS, last) else None
 
 
 def measured_dilation(compute_s: float, flops: float, gpu: hardware.Hardware, precision: str,

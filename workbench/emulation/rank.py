@@ -23,7 +23,7 @@ from typing import Any
 from workbench.emulation.cluster import DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines
 
 MEASURED_STEPS = 3
-"""The dilation is the median over this many latest steps: one slow step (a collection, a page fault) does not
+"""The dilation is the lowest over this many latest steps: one slow step (a collection, a page fault) does not
 swing it."""
 
 _groups: dict[str, tuple[tuple[int, ...], int]] = {}
@@ -147,7 +147,7 @@ def dilation() -> float | None:
 
 def after_step(metrics: Any, precision: str) -> None:
     """Measure the dilation from a finished step (`StepMetrics`): its compute spans, less waits, against the
-    target GPU's time for the step's FLOPs; the median of the latest few. A fixed dilation, or no cluster,
+    target GPU's time for the step's FLOPs; the lowest of the latest few. A fixed dilation, or no cluster,
     leaves it as it is."""
     if _cluster is None or _cluster.dilation is not None or not metrics.intervals:
         return
