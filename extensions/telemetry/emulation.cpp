@@ -242,13 +242,45 @@ Pacer& pacer() {
   return *p;
 }
 
+// --- paced Works: the inner backend's Work, completing later ------------------
+
+// What both paced Works forward unchanged to the inner backend's Work.
+class PacedBase : public c10d::Work {
+ public:
+  explicit PacedBase(c10::intrusive_ptr<c10d::Work> inner)
+      : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)) {}
+
+  bool isSuccess() const override {
+    return inner_->isSuccess();
+  }
+  std::exception_ptr exception() const override {
+    return inner_->exception();
+  }
+  int sourceRank() const override {
+    return inner_->sourceRank();
+  }
+  std::vector<at::Tensor> result() override {
+    return inner_->result();
+  }
+  void abort() override {
+    inner_->abort();
+  }
+  float getDuration() const override {
+    return inner_->getDuration();
+  }
+  uint64_t getSequencenumber() const override {
+    return inner_->getSequencenumber();
+  }
+ protected:
+  c10::intrusive_ptr<c10d::Work> inner_;
+};
+
 // --- CPU: a Work whose completion waits for the deadline ----------------------
 
-class PacedWork final : public c10d::Work {
+class PacedWork final : public PacedBase {
  public:
   PacedWork(c10::intrusive_ptr<c10d::Work> inner, Start start, int64_t target_ns)
-      : c10d::Work(-1, inner->retrieveOpType()),
-        inner_(std::move(inner)),
+      : PacedBase(std::move(inner)),
         start_(std::move(start)),
         target_ns_(target_ns) {
     c10::intrusive_ptr<c10::ivalue::Future> fut;
@@ -299,29 +331,8 @@ class PacedWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     return future_ ? future_ : inner_->getFuture();
   }
-  bool isSuccess() const override {
-    return inner_->isSuccess();
-  }
-  std::exception_ptr exception() const override {
-    return inner_->exception();
-  }
-  int sourceRank() const override {
-    return inner_->sourceRank();
-  }
-  std::vector<at::Tensor> result() override {
-    return inner_->result();
-  }
   void synchronize() override {
     inner_->synchronize();
-  }
-  void abort() override {
-    inner_->abort();
-  }
-  float getDuration() const override {
-    return inner_->getDuration();
-  }
-  uint64_t getSequencenumber() const override {
-    return inner_->getSequencenumber();
   }
 
  private:
@@ -338,7 +349,6 @@ class PacedWork final : public c10d::Work {
     return due;
   }
 
-  c10::intrusive_ptr<c10d::Work> inner_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   Start start_;
   int64_t target_ns_;
@@ -370,7 +380,7 @@ void hold_current_stream(const at::Device& device, int64_t slot, int64_t target_
 // after a hold recorded on the callback's stream, which CUDA futures make
 // their consumers wait for. isCompleted() reports the real completion only:
 // the deadline lives on the GPU clock.
-class PacedCudaWork final : public c10d::Work {
+class PacedCudaWork final : public PacedBase {
  public:
   PacedCudaWork(
       c10::intrusive_ptr<c10d::Work> inner,
@@ -378,8 +388,7 @@ class PacedCudaWork final : public c10d::Work {
       int64_t slot,
       int64_t real_ns,
       int64_t target_ns)
-      : c10d::Work(-1, inner->retrieveOpType()),
-        inner_(std::move(inner)),
+      : PacedBase(std::move(inner)),
         device_(device),
         slot_(slot),
         real_ns_(real_ns),
@@ -408,18 +417,6 @@ class PacedCudaWork final : public c10d::Work {
     }
     return future_;
   }
-  bool isSuccess() const override {
-    return inner_->isSuccess();
-  }
-  std::exception_ptr exception() const override {
-    return inner_->exception();
-  }
-  int sourceRank() const override {
-    return inner_->sourceRank();
-  }
-  std::vector<at::Tensor> result() override {
-    return inner_->result();
-  }
   void synchronize() override {
     inner_->synchronize();
     hold_current_stream(device_, slot_, target_ns_, real_ns_);
@@ -428,18 +425,8 @@ class PacedCudaWork final : public c10d::Work {
     inner_->blockCurrentStream();
     hold_current_stream(device_, slot_, target_ns_, real_ns_);
   }
-  void abort() override {
-    inner_->abort();
-  }
-  float getDuration() const override {
-    return inner_->getDuration();
-  }
-  uint64_t getSequencenumber() const override {
-    return inner_->getSequencenumber();
-  }
 
  private:
-  c10::intrusive_ptr<c10d::Work> inner_;
   at::Device device_;
   int64_t slot_, real_ns_, target_ns_;
   std::mutex mu_;
