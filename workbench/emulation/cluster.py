@@ -6,9 +6,9 @@ A `Cluster` names a topology (a `workbench.links` preset or a `Topology`) and ho
 machine's: the **time dilation** d. A GPU computes a step's FLOPs far faster than a CPU core; emulated
 communication is stretched by the same factor, so that it keeps the target's ratio to computation:
 
-    d = this rank's measured compute time of a step / (the step's FLOPs / (target peak × efficiency))
+    d = a rank's measured compute time of a step / (the step's FLOPs / (target peak × efficiency))
 
-measured on every step by default (the session's first two steps run unpaced, to measure it), or fixed.
+the largest over the ranks, measured on every step by default (the session's first two steps run unpaced, to measure it), or fixed.
 Every collective then completes no earlier than d × its time on the target (`links.collective_time`).
 """
 
@@ -219,6 +219,15 @@ def dilation_from_steps(steps, cluster: Cluster, precision: str, last: int = 3) 
               for m in steps[-last:] if m.intervals]
     ratios = [r for r in ratios if r is not None]
     return min(ratios) if len(ratios) >= min(WARMUP_STEPS, last) else None
+
+
+def agreed_dilation(histories, cluster: Cluster, precision: str, last: int = 3) -> float | None:
+    """The dilation every rank paces with after these steps: the largest of the ranks' own
+    (`dilation_from_steps` of each rank's history), so all stand for the same cluster time (the ranks agree on
+    it after every step: `workbench.emulation.rank.after_step`)."""
+    own = [dilation_from_steps(list(h), cluster, precision, last) for h in histories]
+    own = [d for d in own if d is not None]
+    return max(own) if own else None
 
 
 def measured_dilation(compute_s: float, flops: float, gpu: hardware.Hardware, precision: str,

@@ -147,14 +147,35 @@ def dilation() -> float | None:
 
 def after_step(metrics: Any, precision: str) -> None:
     """Measure the dilation from a finished step (`StepMetrics`): its compute spans, less waits, against the
-    target GPU's time for the step's FLOPs; the lowest of the latest few. A fixed dilation, or no cluster,
-    leaves it as it is."""
+    target GPU's time for the step's FLOPs, the lowest of the latest few; then agree it with the other ranks
+    (the largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
+    dilation, or no cluster, leaves it as it is."""
     if _cluster is None or _cluster.dilation is not None or not metrics.intervals:
         return
     _recent.append(metrics)
-    measured = dilation_from_steps(list(_recent), _cluster, precision, MEASURED_STEPS)
-    if measured is not None:
-        _native().emulation_set_dilation(measured)
+    agreed = _agree(dilation_from_steps(list(_recent), _cluster, precision, MEASURED_STEPS))
+    if agreed is not None:
+        _native().emulation_set_dilation(agreed)
+
+
+def _agree(mine: float | None) -> float | None:
+    """The largest of the ranks' values, by one all-reduce that is itself not paced (nothing else is in flight
+    between steps, and every rank has as many steps measured, so all send a value or all send none)."""
+    import torch
+    import torch.distributed as dist
+
+    from workbench.pool import rank
+
+    ext = _native()
+    paced = ext.emulation_dilation()
+    ext.emulation_set_dilation(0.0)
+    try:
+        device = rank.info.device if rank.info is not None and rank.info.device.startswith("cuda") else "cpu"
+        value = torch.tensor([mine or 0.0], dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    finally:
+        ext.emulation_set_dilation(paced)
+    return value.item() or None
 
 
 def status() -> dict[str, Any]:
