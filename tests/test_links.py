@@ -134,3 +134,16 @@ def test_describe_says_what_the_cluster_is():
     text = preset("h100-25gbe", nodes=2, gpus_per_node=2).describe()
     assert text.startswith("2 nodes × 2 h100, PCIe 4.0 x16 (31.5 GB/s")
     assert "25 GbE (TCP) (3.12 GB/s, 30 µs/step) between" in text
+
+
+def test_the_two_level_expert_exchange_sends_the_same_bytes_in_fewer_messages():
+    cluster = preset("h100-ib", nodes=2, gpus_per_node=4)
+    flat = links.expert_exchange_traffic(8e6, range(8), cluster)
+    two = links.expert_exchange_traffic(8e6, range(8), cluster, hierarchical=True)
+    # 4 ranks a node, each sending half of its 8 MB to the 4 ranks of the other node: 16 MB either way.
+    assert flat.network_bytes == two.network_bytes == 16e6
+    assert (flat.network_messages, two.network_messages) == (16, 4)
+    assert flat.intra_bytes == 4 * 3 * 8e6 / 8 and two.intra_bytes == 4 * 3 * 8e6 / 4
+    expected = collective_time("all_to_all", 8e6, (0, 1, 2, 3), cluster) + collective_time(
+        "all_to_all", 8e6, (0, 4), cluster)
+    assert links.hierarchical_all_to_all_time(8e6, range(8), cluster) == pytest.approx(expected)

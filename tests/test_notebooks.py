@@ -14,6 +14,13 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 BUDGET_S = 180
 """What a newcomer waits at most for one notebook on two CPU cores."""
 
+CLAIMS = {
+    # The notebook asserts its measured claims in its cells; these are the sentences it must have printed.
+    "08_a_cluster_on_your_laptop": ("the link model says", "EMULATED cluster h100-25gbe: 2 nodes × 1 h100",
+                                    "int8 / none", "of the throughput lost across"),
+}
+"""Per notebook, text its run must print: the measured claims its words rest on."""
+
 
 def test_there_are_notebooks():
     assert [p.name for p in NOTEBOOKS][:1] == ["00_quickstart.ipynb"] and len(NOTEBOOKS) >= 5
@@ -46,6 +53,9 @@ def test_runs_top_to_bottom(path, tmp_path):
     elapsed = time.monotonic() - start
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    for claim in CLAIMS.get(path.stem, ()):
+        assert claim in printed, f"{path.name} did not print {claim!r}"
     assert elapsed < BUDGET_S, f"{path.name} took {elapsed:.0f} s"
     out = os.environ.get("WORKBENCH_EXECUTED_NOTEBOOKS")
     if out:  # to look at what a run printed: WORKBENCH_EXECUTED_NOTEBOOKS=/tmp/x pytest tests/test_notebooks.py

@@ -7,6 +7,7 @@
 """
 
 from workbench.config import Config, ConfigError, ModelConfig
+from workbench.emulation import Cluster
 from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware
 from workbench.plan import Plan, plan
@@ -17,7 +18,7 @@ from workbench.workbench import Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "RankFrozen", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
-           "Hardware", "plan", "Plan"]
+           "Hardware", "plan", "Plan", "Cluster"]
 __version__ = "0.1.0"
 
 

@@ -10,13 +10,19 @@
 from __future__ import annotations
 
 import secrets
+import shutil
+import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
 from workbench import checkpoints
 from workbench.config import Config, ConfigError
 from workbench.corpus import check_corpus
+from workbench.emulation import Cluster, status_line
+from workbench.emulation import rank as emulation
+from workbench.emulation.cluster import agreed_dilation, emulation_for
 from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
@@ -117,21 +123,31 @@ class Workbench:
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
     pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
     ranks (a `RankSession` over `pool` when None).
+    cluster: the cluster this Workbench stands for (`wb.Cluster(...)` or a preset name such as "h100-ib"):
+    every collective then takes what it would there, time-dilated (workbench/emulation). None: this machine's
+    own links.
     """
 
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
                  pool: Pool | None = None, session: RankSession | None = None, oversubscribe: bool = False,
-                 **pool_kwargs: Any) -> None:
+                 cluster: Cluster | str | None = None, **pool_kwargs: Any) -> None:
         check_corpus(corpus)  # before any rank is spawned
         self.corpus, self.telemetry = corpus, telemetry
         self._owns_pool = pool is None
+        self.cluster = emulation_for(cluster, pool.world_size if pool is not None else world_size, telemetry)
+        """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
         if pool is None:
             if not pool_kwargs.get("external") and (warning := world_size_warning(
                     world_size, Machine.this(), oversubscribe=oversubscribe)):
                 warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
-            setup = "workbench.telemetry.comm:register" if telemetry else None
+            setup = "workbench.telemetry.comm:register" if telemetry or self.cluster else None
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
         self.pool = pool
+        # Where the ranks share when each issued each collective, under emulation (removed with this Workbench).
+        self._arrivals = tempfile.mkdtemp(prefix="workbench-links-")
+        weakref.finalize(self, shutil.rmtree, self._arrivals, True)
+        if self.cluster is not None:
+            self._emulate()
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
         self.config: Config | None = None
@@ -281,7 +297,34 @@ class Workbench:
             raise RuntimeError("nothing to export: call bench.apply(wb.Config(...)) first, or pass config=")
         return export(cfg, directory, **launch)
 
+    def emulate(self, cluster: Cluster | str | None) -> str:
+        """Stand for another cluster from now on (None: this machine's own links); returns `links`.
+
+        The model and its training state stay as they are: only what communication costs changes.
+        """
+        self._require_idle("change the emulated cluster")
+        self.cluster = emulation_for(cluster, self.pool.world_size, self.telemetry)
+        if self.cluster is None:
+            self.pool.run(emulation.uninstall)
+        else:
+            self._emulate()
+        return self.links
+
+    def _emulate(self) -> None:
+        self.pool.run(emulation.install, self.cluster, self._arrivals)
+        if self.pool.run(emulation.status)[0]["arrivals"] != "shared":  # ranks on several hosts estimate them
+            self.pool.run(emulation.calibrate)
+
     # -- see ---------------------------------------------------------------------------------------
+    @property
+    def links(self) -> str:
+        """One line: whether a cluster is emulated, which, and the time dilation the ranks paced the last step with."""
+        if self.cluster is None or self.config is None:
+            return status_line(self.cluster)
+        histories = [self.store.steps(r) for r in range(self.pool.world_size)]
+        return status_line(self.cluster, self.cluster.dilation or agreed_dilation(
+            histories, self.cluster, self.config.precision))
+
     def dashboard(self, refresh_s: float = 0.3):
         """Controls and live plots in one widget: change the layout, train, watch what it does."""
         from workbench.ui.dashboard import dashboard
@@ -302,6 +345,8 @@ class Workbench:
         """
         self.pool.restart()
         self._capabilities = self.session.capabilities()
+        if self.cluster is not None:
+            self._emulate()  # fresh ranks run on their own links until told
         if self.config is not None:
             self.apply(self.config, fresh=True)
 
@@ -311,6 +356,9 @@ class Workbench:
         self._unsubscribe()
         if self._owns_pool:
             self.pool.close()
+        elif self.cluster is not None and not self.pool.broken:
+            self.pool.run(emulation.uninstall)  # a shared pool goes back to its own links
+        shutil.rmtree(self._arrivals, ignore_errors=True)
 
     def __enter__(self) -> "Workbench":
         return self
@@ -320,4 +368,5 @@ class Workbench:
 
     def __repr__(self) -> str:
         layout = self.config.layout if self.config else "no model"
-        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)})"
+        emulated = f", cluster={self.cluster.describe()}" if self.cluster is not None else ""
+        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated})"

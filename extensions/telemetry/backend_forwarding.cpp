@@ -4,6 +4,7 @@
 #include "recording_backend.h"
 
 #include "clock.h"
+#include "emulation.h"
 
 namespace wbt {
 
@@ -62,7 +63,7 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::endCoalescing() {
   batch_inner_ = nullptr;
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = inner->endCoalescing();
+    work = emulated_batch(inner->endCoalescing(), getGroupUid(), batch_.name, batch_.bytes, batch_.start_ns, *batch_device_);
   } catch (...) {
     if (batch_stamp_ != nullptr) {
       cuda_discard(batch_stamp_);

@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "completion.h"
+#include "emulation_bindings.h"
 #include "intervals.h"
 #include "quantize.h"
 #include "recorder.h"
@@ -140,4 +141,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
 
   wbt::bind_quantize(m);
+  wbt::bind_emulation(m);
 }

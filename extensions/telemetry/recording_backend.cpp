@@ -1,6 +1,7 @@
 #include "recording_backend.h"
 
 #include "clock.h"
+#include "emulation.h"
 
 namespace wbt {
 
@@ -95,12 +96,15 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::run(
     const char* op,
     int64_t bytes,
     const at::Device& device,
-    const Issue& issue) {
+    const Issue& issue_now,
+    int peer) {
   c10d::Backend& inner = route(device);
   if (coalescing_) {
     join_batch(op, bytes, device, inner);
-    return issue(inner);
+    return issue_now(inner);
   }
+  IssueFn paced; // an emulated cluster's cost (emulation.h); the real issue when emulation is off
+  const Issue& issue = emulation_on() ? (paced = emulated(issue_now, getGroupUid(), op, bytes, peer, device)) : issue_now;
   if (!recorder_->enabled()) {
     return issue(inner);
   }
@@ -275,7 +279,7 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::send(
     int tag) {
   return run("send", total(tensors), device_of(tensors), [&](auto& b) {
     return b.send(tensors, dst, tag);
-  });
+  }, dst);
 }
 
 c10::intrusive_ptr<c10d::Work> RecordingBackend::recv(
@@ -284,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::recv(
     int tag) {
   return run("recv", total(tensors), device_of(tensors), [&](auto& b) {
     return b.recv(tensors, src, tag);
-  });
+  }, src);
 }
 
 c10::intrusive_ptr<c10d::Work> RecordingBackend::recvAnysource(

@@ -148,7 +148,8 @@ class RecordingBackend final : public c10d::Backend {
       const char* op,
       int64_t bytes,
       const at::Device& device,
-      const Issue& issue);
+      const Issue& issue_now,
+      int peer = -1);
   Record new_record(const char* op, int64_t bytes, c10d::Backend& inner) const;
   void join_batch(
       const char* op,

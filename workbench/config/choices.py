@@ -12,6 +12,7 @@ FP8 = ("fp8_tensorwise", "fp8_rowwise")
 Compression = Literal["none", "fp16", "bf16", "powersgd", "int8", "1bit"]
 Optimizer = Literal["adamw", "lion", "sgd"]
 CompileBackend = Literal["inductor", "aot_eager"]
+ExpertExchange = Literal["flat", "hierarchical"]
 ZERO_STAGES = (0, 1, 2, 3)
 
 

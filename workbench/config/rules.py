@@ -140,6 +140,12 @@ def zero_has_ranks_to_shard_over(cfg: Config) -> None:
                      f"differ across ep={cfg.ep} ranks", "use zero=0, 2 or 3 with ep > 1, or ep=1")
 
 
+def hierarchical_exchange_has_experts(cfg: Config) -> None:
+    if cfg.expert_exchange == "hierarchical" and cfg.ep == 1:
+        raise refuse("expert_exchange", "the hierarchical exchange routes expert-parallel tokens, but ep=1 has none",
+                     'set ep ≥ 2 (a mixture of experts split over ranks) or expert_exchange="flat"')
+
+
 def compression_has_a_sync_to_compress(cfg: Config) -> None:
     kind = cfg.compression
     if kind != "none" and cfg.dp * cfg.cp == 1:
@@ -207,6 +213,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     split_backward_has_its_data_parallel,
     split_backward_runs_eager,
     compression_has_a_sync_to_compress,
+    hierarchical_exchange_has_experts,
     offload_has_plain_parameters,
     compile_settings_fit,
     fp8_fits,

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, Optimizer, Precision
-from workbench.config.choices import Recompute, Schedule
+from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, ExpertExchange, Optimizer
+from workbench.config.choices import Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
@@ -49,6 +49,10 @@ class Config:
     """Context-parallel degree: each sequence split over this many ranks (causally balanced chunks), attention over
     the whole of it by a ring exchange of keys and values. The world is dp·cp·tp·pp; cp ranks average their
     gradients with the dp ranks."""
+    expert_exchange: ExpertExchange = "flat"
+    """How expert-parallel tokens travel (ep > 1): "flat", one all-to-all over the ep ranks, or "hierarchical",
+    first among the ranks of each node, then one message per remote node's peer (Switch/GShard-style two-level
+    exchange). Same tokens, same order: the losses are identical. Nodes are the emulated cluster's, else hosts."""
     zero: int = 0
     """ZeRO stage 0-3 across the dp ranks (0 DDP, 1 +sharded optimizer, 2 FSDP2 no reshard, 3 FSDP2)."""
     dp_replicate: int = 1
@@ -139,7 +143,7 @@ class Config:
         parts = [f"{a}{n}" for a, n in (("dp", self.dp), ("cp", self.cp), ("tp", self.tp), ("pp", self.pp))
                  if n > 1] or ["single"]
         if self.ep > 1:
-            parts.append(f"ep{self.ep}")
+            parts.append(f"ep{self.ep}" + ("h" if self.expert_exchange == "hierarchical" else ""))
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.hsdp:

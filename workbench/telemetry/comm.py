@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from workbench.emulation import rank as emulation
 from workbench.telemetry import native
 
 BACKEND_NAME = "workbench"
@@ -49,7 +50,10 @@ def _create(opts, pg_options=None):
     gloo.options.group_name = opts.group_id
     gloo._set_sequence_number_for_group()
     nccl = _create_nccl(opts, pg_options) if torch.cuda.is_available() else None
-    return ext.recording_backend(rank, size, gloo, nccl, opts.group_id)
+    backend = ext.recording_backend(rank, size, gloo, nccl, opts.group_id)
+    # The emulated cluster (workbench.emulation) prices every group by its global ranks; the world has none listed.
+    emulation.remember_group(opts.group_id, list(opts.global_ranks_in_group) or list(range(size)), rank)
+    return backend
 
 
 def _create_nccl(opts, pg_options):

@@ -37,7 +37,9 @@ class Dashboard(widgets.VBox):
         self.plots = LivePlots(self.store, bench.pool.world_size)
         self.planner = PlanPanel(bench, self.controls)
         planning = widgets.Accordion([self.planner.widget], titles=("Plan a large run",), selected_index=None)
-        super().__init__([widgets.HTML(_HEADER), self.controls.widget, self.plots.widget, planning],
+        # The header also says whether the links are this machine's or an emulated cluster's (Workbench.links).
+        self.header = widgets.HTML(_HEADER + _links_line(bench))
+        super().__init__([self.header, self.controls.widget, self.plots.widget, planning],
                          layout=widgets.Layout(width="100%"))
         self.add_class("workbench-dashboard")  # a handle for browser tests and user CSS
         previous = _live.get(bench)
@@ -50,6 +52,7 @@ class Dashboard(widgets.VBox):
     def tick(self) -> None:
         self.plots.refresh()
         self.controls.refresh_status()
+        self.header.value = _HEADER + _links_line(self.bench)
 
     def stop(self) -> None:
         """Stop live updates (the widgets stay as they are)."""
@@ -59,6 +62,11 @@ class Dashboard(widgets.VBox):
     def close(self) -> None:
         self.stop()
         super().close()
+
+
+def _links_line(bench: "Workbench") -> str:
+    line = getattr(bench, "links", "")
+    return f"<div style='font-size:13px'>{line}</div>" if line else ""
 
 
 def dashboard(bench: "Workbench", refresh_s: float = 0.3) -> Dashboard:

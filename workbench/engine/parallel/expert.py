@@ -54,6 +54,20 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+class _Exchange(torch.autograd.Function):
+    """The hierarchical exchange of a `Plan` (`expert_exchange.py`) with autograd: forward or back, and the
+    other way in backward (moving rows is a permutation; its gradient is the inverse one)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, plan, back: bool) -> torch.Tensor:
+        ctx.plan, ctx.back = plan, back
+        return plan.back(x) if back else plan.out(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (ctx.plan.out(grad) if ctx.back else ctx.plan.back(grad)), None, None
+
+
 class _ScaleGrad(torch.autograd.Function):
     """Identity forward; backward multiplies the gradient by `factor`."""
 
@@ -69,14 +83,22 @@ class _ScaleGrad(torch.autograd.Function):
 
 class ExpertParallelExperts(GroupedExperts):
     """This rank's slice of a layer's experts (same parameter names, so state keys stay the bare model's),
-    taking the layer's tokens for *all* experts and exchanging them over the ep axis."""
+    taking the layer's tokens for *all* experts and exchanging them over the ep axis: in one all-to-all, or
+    through `two_level` (the hierarchical exchange) when given."""
 
-    def __init__(self, full: GroupedExperts, ep_mesh: DeviceMesh) -> None:
+    def __init__(self, full: GroupedExperts, ep_mesh: DeviceMesh, two_level: "TwoLevel | None" = None) -> None:
         n_experts, dim, hidden = full.w1.shape
         self.ep_size, self.ep_rank = ep_mesh.size(), ep_mesh.get_local_rank()
         self.n_local = n_experts // self.ep_size
         super().__init__(self.n_local, dim, hidden)
         self.group = ep_mesh.get_group()
+        self.two_level = two_level
+        from workbench.engine.parallel.expert_exchange import node_of_rank
+
+        node_of = node_of_rank()
+        self._remote = [node_of(r) != node_of(dist.get_rank()) for r in dist.get_process_group_ranks(self.group)]
+        self.network_rows = 0
+        """Token rows this rank sent to ranks on other nodes in its last forward's exchange (the traffic count)."""
         lo = self.ep_rank * self.n_local
         with torch.no_grad():
             for name in ("w1", "w2", "w3"):
@@ -85,14 +107,35 @@ class ExpertParallelExperts(GroupedExperts):
     def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """tokens sorted by (global) expert, counts (n_experts,) → their outputs, same order."""
         ep, n_local = self.ep_size, self.n_local
+        if self.two_level is not None:
+            return self._forward_two_level(tokens, counts)
         # 1. counts: after the exchange, received[s, j] = rows rank s sends for local expert j.
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts.contiguous(), group=self.group)
         received = received.view(ep, n_local)
         send_splits = counts.view(ep, n_local).sum(dim=1).tolist()
         recv_splits = received.sum(dim=1).tolist()  # the host sync the variable splits need
+        self.network_rows = sum(n for n, remote in zip(send_splits, self._remote) if remote)
         # 2. tokens out; what arrives is grouped by source rank, then by local expert: regroup by expert.
         arrived = _AllToAll.apply(tokens, recv_splits, send_splits, self.group)
+        return self._experts_and_back(tokens, arrived, received, lambda out: _AllToAll.apply(
+            out, send_splits, recv_splits, self.group))
+
+    def _forward_two_level(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        # 1. every ep rank's counts: each rank plans both levels of the exchange from the whole matrix.
+        everyone = counts.new_empty(self.ep_size * counts.numel())
+        dist.all_gather_into_tensor(everyone, counts.contiguous(), group=self.group)
+        rows = everyone.view(self.ep_size, self.ep_size, self.n_local).sum(dim=2).tolist()  # rows[s][r]: s sends r
+        plan = self.two_level.plan(rows)
+        self.network_rows = plan.network_rows
+        received = everyone.view(self.ep_size, self.ep_size, self.n_local)[:, self.ep_rank]
+        # 2. tokens out in two levels; they arrive as the flat exchange delivers them (by source rank).
+        arrived = _Exchange.apply(tokens, plan, False)
+        return self._experts_and_back(tokens, arrived, received, lambda out: _Exchange.apply(out, plan, True))
+
+    def _experts_and_back(self, tokens: torch.Tensor, arrived: torch.Tensor, received: torch.Tensor,
+                          send_back) -> torch.Tensor:
+        ep, n_local = self.ep_size, self.n_local
         expert_of_row = torch.repeat_interleave(
             torch.arange(n_local, device=tokens.device).repeat(ep), received.flatten())
         by_expert = torch.argsort(expert_of_row, stable=True)
@@ -101,16 +144,22 @@ class ExpertParallelExperts(GroupedExperts):
         local = _ScaleGrad.apply(arrived[by_expert], float(ep))
         out = _ScaleGrad.apply(super().forward(local, received.sum(dim=0)), 1.0 / ep)
         # 3. outputs back to where their tokens came from, in the arrival order.
-        return _AllToAll.apply(out[torch.argsort(by_expert)], send_splits, recv_splits, self.group)
+        return send_back(out[torch.argsort(by_expert)])
 
 
 def apply_ep(model: nn.Module, mesh: DeviceMesh, cfg: Config) -> nn.Module:
-    """Replace every MoE layer's experts by this rank's 1/ep slice that exchanges tokens over `mesh["ep"]`."""
+    """Replace every MoE layer's experts by this rank's 1/ep slice that exchanges tokens over `mesh["ep"]`
+    (in two levels, node by node, when cfg.expert_exchange is "hierarchical")."""
     if cfg.ep == 1:
         return model
+    two_level = None
+    if cfg.expert_exchange == "hierarchical":
+        from workbench.engine.parallel.expert_exchange import two_level_exchange
+
+        two_level = two_level_exchange(mesh, "ep")
     for moe in model.modules():
         if isinstance(moe, MoEFeedForward) and not isinstance(moe.experts, ExpertParallelExperts):
-            moe.experts = ExpertParallelExperts(moe.experts, mesh["ep"]).to(moe.experts.w1.device)
+            moe.experts = ExpertParallelExperts(moe.experts, mesh["ep"], two_level).to(moe.experts.w1.device)
     return model
 
 

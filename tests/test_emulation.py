@@ -1,0 +1,111 @@
+"""The emulated cluster's pure side: shaping a Cluster for a pool, what the native backend is told per group, the
+dilation's arithmetic, and the one-line status a notebook shows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from workbench import hardware, links
+from workbench.emulation import Cluster, status_line
+from workbench.emulation.cluster import (REAL_BUS_BANDWIDTH, dilation_from_steps, emulation_for, fit_real,
+                                         group_lines, measured_dilation)
+from workbench.telemetry.events import Interval, StepMetrics
+
+
+def test_a_cluster_is_shaped_for_the_pool_in_mesh_order():
+    assert Cluster("h100-ib", nodes=2).for_world(4).topology == links.preset("h100-ib", nodes=2, gpus_per_node=2)
+    assert Cluster("h100-ib", gpus_per_node=1).for_world(2).topology.nodes == 2
+    # Neither given: the preset's GPUs per node, or fewer when the pool is smaller (one node of 4).
+    assert Cluster("h100-ib").for_world(4).topology.describe().startswith("1 node × 4 h100")
+    custom = links.Topology(name="mine", gpu="a100", nodes=2, gpus_per_node=1, intra=links.NVLINK3,
+                            network=links.ETH_25G)
+    assert Cluster(custom).for_world(2).topology == custom
+
+
+def test_a_cluster_that_cannot_hold_the_ranks_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="3 ranks do not fill 2 node"):
+        Cluster("h100-ib", nodes=2).for_world(3)
+    with pytest.raises(ValueError, match="unknown cluster 'dgx-z'"):
+        Cluster("dgx-z")
+    with pytest.raises(ValueError, match="dilation: must be positive"):
+        Cluster(dilation=0)
+    with pytest.raises(ValueError, match="needs telemetry=True"):
+        emulation_for("h100-ib", 2, telemetry=False)
+    assert emulation_for(Cluster("h100-ib", dilation=10), 2, telemetry=False).dilation == 10
+    assert emulation_for(None, 2, telemetry=True) is None
+
+
+def test_a_cluster_crosses_to_the_ranks_as_json():
+    cluster = Cluster("h100-25gbe", nodes=2, efficiency=0.5).for_world(2)
+    again = Cluster.from_json(cluster.to_json())
+    assert again == cluster and again.topology == cluster.topology
+    custom = Cluster(links.Topology(name="mine", gpu="a100", nodes=2, gpus_per_node=1, intra=links.NVLINK3,
+                                    network=links.ETH_25G), dilation=5.0).for_world(2)
+    assert Cluster.from_json(custom.to_json()).topology == custom.topology
+
+
+def test_group_lines_are_the_link_model_and_a_slow_estimate_of_this_machine():
+    topo = links.preset("h100-ib", nodes=2, gpus_per_node=2)
+    lines = group_lines((0, 1, 2, 3), 1, topo)
+    assert lines.target["all_reduce"] == links.coefficients("all_reduce", (0, 1, 2, 3), topo)
+    assert lines.peers[0] == links.coefficients("send", (1, 0), topo)  # same node: NVLink
+    assert lines.peers[2] == links.coefficients("send", (1, 2), topo)  # the other node: a network port
+    assert lines.peers[1][0].seconds_per_byte == 0  # to itself
+    assert lines.target["p2p"] == lines.peers[2]  # a batch is priced at the slowest pair
+    assert lines.real["all_reduce"][0].seconds_per_byte == pytest.approx(1.5 / REAL_BUS_BANDWIDTH)  # 2(n-1)/n
+    measured = fit_real({("all_gather", 1000): 0.002, ("all_gather", 3000): 0.006, ("send", 1000): 0.001,
+                         ("send", 3000): 0.001}, 1000, 3000, n=2, margin=1.5)
+    # all_gather on 2 ranks: 2 µs per byte of payload is 4 µs per bus byte (factor 1/2), 0 latency; ×1.5.
+    assert measured["all_gather"] == pytest.approx((0.0, 1.5 * 4e-6))
+    assert measured["recv"] == measured["send"] == pytest.approx((0.0015, 0.0))
+    four = group_lines((0, 1, 2, 3), 0, topo, measured)
+    assert four.real["all_gather"][0].seconds_per_byte == pytest.approx(0.75 * 1.5 * 4e-6)
+    target, peers, real = lines.as_native()
+    assert target["all_gather"] == [(line.latency, line.seconds_per_byte) for line in lines.target["all_gather"]]
+    assert len(peers) == 4 and set(real) == set(links.KINDS)
+
+
+def _step(compute_ns: list[tuple[int, int]], waits: list[tuple[int, int]], flops: float) -> StepMetrics:
+    spans = [Interval("compute", "forward", s, e) for s, e in compute_ns]
+    spans += [Interval("wait", "wait allreduce", s, e) for s, e in waits]
+    spans += [Interval("comm", "all_reduce", 0, 10**9, bytes=8, group_size=2)]
+    return StepMetrics(step=0, loss=1.0, tokens=1, step_time_s=1.0, tokens_per_s=1.0, flops=flops,
+                       intervals=tuple(spans))
+
+
+def test_the_dilation_is_this_ranks_compute_over_the_targets_time_for_the_flops():
+    cluster = Cluster("h100-ib", efficiency=0.5)
+    h100_fp32 = hardware.H100.peak("fp32")
+    # 30 ms of compute spans (one 10 ms wait inside them does not count) for 1e9 FLOPs.
+    step = _step([(0, 20_000_000), (25_000_000, 45_000_000)], [(30_000_000, 40_000_000)], 1e9)
+    expected = 0.030 / (1e9 / (h100_fp32 * 0.5))
+    assert measured_dilation(0.030, 1e9, hardware.H100, "fp32", 0.5) == pytest.approx(expected)
+    # The lowest of the latest steps, once two are measured: a warm-up or a slow step does not swing it.
+    slow = _step([(0, 90_000_000)], [], 1e9)
+    assert dilation_from_steps([slow], cluster, "fp32") is None
+    assert dilation_from_steps([slow, step], cluster, "fp32") == pytest.approx(expected)
+    assert dilation_from_steps([step, slow, slow], cluster, "fp32") == pytest.approx(expected)
+    assert dilation_from_steps([slow, slow, slow, step], cluster, "fp32") == pytest.approx(expected)
+    assert dilation_from_steps([replace(step, intervals=())] * 3, cluster, "fp32") is None
+
+
+def test_the_status_line_says_plainly_what_is_emulated():
+    assert status_line(None) == "links: this machine's own (loopback); no cluster emulated"
+    cluster = Cluster("h100-25gbe", nodes=2).for_world(2)
+    line = status_line(cluster, 1234.5)
+    assert line.startswith("EMULATED cluster h100-25gbe: 2 nodes × 1 h100")
+    assert "25 GbE (TCP)" in line and "time dilated ×1.23e+03 (this rank's compute ÷ the h100's at 40% MFU)" in line
+    assert "measured from the first steps" in status_line(cluster)
+    assert status_line(replace(cluster, dilation=50.0)).endswith("time dilated ×50 (fixed)")
+
+
+def test_the_dashboard_header_carries_the_links_line():
+    from workbench.ui.dashboard import _links_line
+
+    class Bench:
+        links = status_line(Cluster("h100-25gbe", nodes=2).for_world(2), 1234.5)
+
+    assert "EMULATED cluster h100-25gbe: 2 nodes" in _links_line(Bench())
+    assert _links_line(object()) == ""  # a fake without the property shows nothing

@@ -1,0 +1,189 @@
+"""The emulation on a rank: tells the recording backend what each process group costs on the emulated cluster,
+and keeps the time dilation measured.
+
+Every group the recording backend creates passes through `remember_group` (called by
+`workbench.telemetry.comm`), so the emulation knows each group's global ranks whenever it is switched on by
+`install(cluster)`, sent through `pool.run` (`wb.Workbench(cluster=...)` does). Off, nothing here runs per
+collective.
+
+Where every rank of the pool is on one host, each group's ranks share a small file (mapped memory) in which
+each stamps when it issued each collective, so the backend knows exactly when a collective's last peer arrived
+(CLOCK_MONOTONIC is one clock for the whole host). Across hosts it estimates that from this machine's own
+transfer times, measured by `calibrate`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections import deque
+from typing import Any
+
+from workbench.emulation.cluster import DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines
+
+MEASURED_STEPS = 3
+"""The dilation is the lowest over this many latest steps: one slow step (a collection, a page fault) does not
+swing it."""
+
+_groups: dict[str, tuple[tuple[int, ...], int]] = {}
+"""uid -> (the group's global ranks, this rank's global rank)."""
+_cluster: Cluster | None = None
+_arrivals: str | None = None
+"""The folder of the groups' shared arrival files; None when the ranks span hosts."""
+_real: RealLinks = dict(DEFAULT_REAL)
+"""This machine's own transport, measured by `calibrate` (a conservative default until then)."""
+_recent: deque = deque(maxlen=MEASURED_STEPS)
+"""The latest steps' metrics, for the measured dilation."""
+
+
+def _native():
+    from workbench.telemetry import native
+
+    return native.load()
+
+
+def remember_group(uid: str, global_ranks: list[int] | tuple[int, ...], group_rank: int) -> None:
+    """A process group was created (the recording backend's creator calls this with the group's global ranks
+    and this rank's place in it): remember it, and price it if a cluster is emulated."""
+    ranks = tuple(global_ranks)
+    _groups[uid] = (ranks, ranks[group_rank])
+    if _cluster is not None:
+        _price(uid)
+
+
+def _price(uid: str) -> None:
+    ranks, me = _groups[uid]
+    lines = group_lines(ranks, me, _cluster.topology, _real)
+    # One file per group, named by its uid, which every member knows alike.
+    shared = os.path.join(_arrivals, "group-" + re.sub(r"[^A-Za-z0-9_.-]", "_", uid)) if _arrivals else ""
+    _native().emulation_set_group(uid, *lines.as_native(), ranks.index(me), shared)
+
+
+def install(cluster: Cluster, arrivals: str | None = None) -> str:
+    """Emulate `cluster` on this rank from now on; returns the status line. Every rank runs it at once (through
+    `pool.run`), with the same `arrivals`: a folder every rank can write, for the groups' shared arrival
+    times (used only when every rank is on this host)."""
+    import torch.distributed as dist
+
+    global _cluster, _arrivals
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    _cluster = cluster.for_world(dist.get_world_size())
+    _arrivals = arrivals if arrivals and len(set(hosts)) == 1 else None
+    _recent.clear()
+    ext = _native()
+    ext.emulation_clear()
+    for uid in _groups:
+        _price(uid)
+    ext.emulation_set_dilation(_cluster.dilation or 0.0)  # measured: unpaced until the first step is measured
+    if _device_is_cuda():
+        import ctypes
+
+        from workbench.telemetry import cuda
+
+        lib = cuda.load()
+        ext.emulation_set_cuda_pacer(ctypes.cast(lib.wb_emulate_stamp, ctypes.c_void_p).value,
+                                     ctypes.cast(lib.wb_emulate_hold, ctypes.c_void_p).value)
+    return status()["line"]
+
+
+CALIBRATION_SIZES = (2**16, 2**21)
+
+
+def calibrate() -> dict[str, tuple[float, float]]:
+    """Measure this machine's own transport (every kind, unpaced, at two sizes on the world group) and price
+    every group with it; all ranks at once. Returns kind -> (latency s, s per bus byte). Only ranks on several
+    hosts need it (elsewhere the arrivals are read, not estimated)."""
+    import torch.distributed as dist
+
+    from workbench.emulation.collectives import KINDS, time_kinds
+
+    global _real
+    ext = _native()
+    paced = ext.emulation_dilation()
+    ext.emulation_set_dilation(0.0)
+    gathered: list = [None] * dist.get_world_size()
+    try:
+        times = time_kinds(KINDS, CALIBRATION_SIZES, reps=2)
+        # The slowest rank's times: a collective ends together everywhere, so that is what each one waited.
+        dist.all_gather_object(gathered, times)
+    finally:
+        ext.emulation_set_dilation(paced)
+    slowest = {key: max(t[key] for t in gathered) for key in times}
+    _real = fit_real(slowest, *CALIBRATION_SIZES, n=dist.get_world_size())
+    if _cluster is not None:
+        for uid in _groups:
+            _price(uid)
+    return dict(_real)
+
+
+def uninstall() -> None:
+    """Back to this machine's own links."""
+    global _cluster
+    _cluster = None
+    _recent.clear()
+    ext = _native()
+    ext.emulation_clear()
+    ext.emulation_set_dilation(0.0)
+
+
+def _device_is_cuda() -> bool:
+    # Asked as the world group is created too, before the rank knows its device: CUDA present is enough.
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cluster() -> Cluster | None:
+    return _cluster
+
+
+def dilation() -> float | None:
+    """The dilation collectives are paced with now; None while unpaced (emulation off, or not measured yet)."""
+    value = _native().emulation_dilation()
+    return value if _cluster is not None and value > 0 else None
+
+
+def after_step(metrics: Any, precision: str) -> None:
+    """Measure the dilation from a finished step (`StepMetrics`): its compute spans, less waits, against the
+    target GPU's time for the step's FLOPs, the lowest of the latest few; then agree it with the other ranks
+    (the largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
+    dilation, or no cluster, leaves it as it is."""
+    if _cluster is None or _cluster.dilation is not None or not metrics.intervals:
+        return
+    _recent.append(metrics)
+    agreed = _agree(dilation_from_steps(list(_recent), _cluster, precision, MEASURED_STEPS))
+    if agreed is not None:
+        _native().emulation_set_dilation(agreed)
+
+
+def _agree(mine: float | None) -> float | None:
+    """The largest of the ranks' values, by one all-reduce that is itself not paced (nothing else is in flight
+    between steps, and every rank has as many steps measured, so all send a value or all send none)."""
+    import torch
+    import torch.distributed as dist
+
+    from workbench.pool import rank
+
+    ext = _native()
+    paced = ext.emulation_dilation()
+    ext.emulation_set_dilation(0.0)
+    try:
+        device = rank.info.device if rank.info is not None and rank.info.device.startswith("cuda") else "cpu"
+        value = torch.tensor([mine or 0.0], dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    finally:
+        ext.emulation_set_dilation(paced)
+    return value.item() or None
+
+
+def status() -> dict[str, Any]:
+    """What this rank emulates: the status line, the dilation, and (collectives paced, of them overrun: the
+    real transfer outlasted the emulated time)."""
+    from workbench.emulation.cluster import status_line
+
+    paced, overruns = _native().emulation_counts()
+    d = dilation()
+    return {"line": status_line(_cluster, d), "dilation": d, "paced": paced, "overruns": overruns,
+            "cluster": _cluster, "arrivals": "shared" if _arrivals else "estimated"}
