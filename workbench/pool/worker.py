@@ -19,6 +19,7 @@ Two threads, each with its own connection to the notebook:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import io
 import os
@@ -233,6 +234,9 @@ class Worker:
             __import__(module)
         # The first optimizer built in a process imports torch._dynamo (~2 s); pay that now, not in apply().
         torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+        # What start-up built (torch and the modules) lives as long as the rank: freezing it leaves the garbage
+        # collector only what commands create to scan, ~1 ms instead of ~0.1-0.8 s per full collection.
+        gc.freeze()
 
     def command_loop(self) -> None:
         while True:
