@@ -8,6 +8,9 @@ changes until the pool restarts; `current()` is the one way to reach it.
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,8 @@ class Session:
     next_step: int
     """Index of the global batch the next step trains on; continues across layout changes."""
     meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    corpus: str | Path | None = None
+    """The corpus the trainer's data was mapped from: a new layout on the same corpus and batch reuses the mapping."""
 
 
 _KEY = "session"
@@ -54,7 +59,9 @@ def current_or_none() -> Session | None:
 
 def drop() -> None:
     """Forget this rank's model (the next apply builds a fresh one)."""
-    rank.state.pop(_KEY, None)
+    session = rank.state.pop(_KEY, None)
+    if session is not None:
+        _release(session)
 
 
 def _device_type() -> str:
@@ -91,14 +98,53 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
         if layout not in meshes:
             meshes[layout] = build_mesh(cfg, _device_type())
-        trainer = Trainer(cfg, meshes[layout], rank.info.device, TokenData.for_config(cfg, corpus), telemetry)
+        trainer = Trainer(cfg, meshes[layout], rank.info.device, _data(cfg, corpus, old), telemetry)
         if state is not None:
             import_full_state(trainer, state)
         dist.barrier()
-    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes)
-    del old, state
+    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes, corpus)
+    del state
+    if old is not None:
+        _release(old)
     return {"layout": cfg.layout, "resharded": carry,
             "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
+
+
+def _data(cfg: Config, corpus: str | Path | None, old: Session | None) -> TokenData:
+    """The previous trainer's data when it is the same corpus, batch and seed (one mapping of the corpus file, and
+    no second walk over its folder), else a new one."""
+    data = old.trainer.data if old is not None else None
+    if (isinstance(data, TokenData) and old.corpus == corpus
+            and (data.batch_size, data.seq_len, data.seed) == (cfg.batch_size, cfg.seq_len, cfg.seed)):
+        return data
+    return TokenData.for_config(cfg, corpus)
+
+
+def _release(session: Session) -> None:
+    """Free a replaced session's model, optimizer and data now, not at some later garbage collection.
+
+    Closing the trainer takes its telemetry hooks off; then the last reference frees it, unless the layout made
+    reference cycles (FSDP2's modules and hooks do), which only a collection frees: one is run then, since
+    Python's own collections are counted in objects, not bytes, and may come many steps later. Last, the freed
+    memory goes back to the system: glibc keeps freed tensor memory in its heaps (its threshold for unmapping
+    large blocks rises as they are freed), and the rank's RSS would otherwise climb by a fraction of a model at
+    every apply with nothing alive to show for it.
+    """
+    trainer = session.trainer
+    trainer.close()
+    # What holds the memory; the Trainer object itself may be freed while its modules live on in a cycle.
+    replaced = [weakref.ref(x) for x in (*trainer.modules, *trainer.optimizers)]
+    session.trainer = trainer = None  # the caller's reference to the session must not keep the trainer
+    if any(ref() is not None for ref in replaced):
+        gc.collect()
+    _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim, or no way to
+        pass
 
 
 def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[StepMetrics]:

@@ -130,6 +130,13 @@ class Trainer:
         self.probe = StepProbe(self) if telemetry else NullProbe()
         """Measures each step (spans, memory by category, FLOPs) when telemetry is on; else does nothing."""
 
+    def close(self) -> None:
+        """Done with this trainer (a new layout replaced it): take the probe's hooks off, so nothing the process
+        keeps (parameters' autograd hooks, the recorder) holds this trainer's model, optimizer or data, and they are
+        freed as soon as the last reference goes. The trainer measures nothing afterwards."""
+        self.probe.close()
+        self.probe = NullProbe()
+
     def step(self, step_index: int, flags: Flags = Flags()) -> StepMetrics:
         """One optimizer step on global batch `step_index` (also the metrics' `step`); all ranks call it together.
 

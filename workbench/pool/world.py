@@ -10,6 +10,7 @@ the process group (its store is per session) and the collective check.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import socket
@@ -57,6 +58,9 @@ def prepare(settings: dict[str, Any], local_rank: int, local_world_size: int) ->
     marks["preload"] = time.monotonic()
     # The first optimizer built in a process imports torch._dynamo (~2 s); pay that now, not in apply().
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    # What start-up built (torch and the modules) lives as long as the rank: freezing it leaves the garbage
+    # collector only what commands create to scan, ~1 ms instead of ~0.1-0.8 s per full collection.
+    gc.freeze()
     marks["warm"] = time.monotonic()
     return Prepared(device, backend, marks)
 

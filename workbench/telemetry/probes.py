@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+import weakref
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -50,6 +51,9 @@ class NullProbe:
     def finish(self, metrics: StepMetrics) -> StepMetrics:
         return metrics
 
+    def close(self) -> None:
+        """Take the probe's hooks off the trainer's parameters, optimizers and pipeline (the trainer is done)."""
+
 
 class StepProbe(NullProbe):
     """Telemetry on: spans, memory by category, FLOPs and MFU for every step of one trainer.
@@ -83,16 +87,18 @@ class StepProbe(NullProbe):
         self._params_peak = 0
         self._last_grad_ns = 0
         self._optimizer_start = 0
-        for module in trainer.modules:
-            for p in module.parameters():
-                if p.requires_grad:
-                    p.register_post_accumulate_grad_hook(self._grad_ready)
+        # Every hook holds the probe weakly and is removed by close(). A gradient hook is kept by the parameter's
+        # C++ autograd metadata, which Python's gc cannot see into: a bound method there made parameter -> probe ->
+        # trainer -> model -> parameter a cycle no collection could break, so every apply kept the old model,
+        # optimizer and data alive (issue 17).
+        self._handles = [p.register_post_accumulate_grad_hook(_weakly(self._grad_ready))
+                         for module in trainer.modules for p in module.parameters() if p.requires_grad]
         for opt in trainer.optimizers:
             inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer: time the local step, not the broadcast
-            inner.register_step_pre_hook(self._optimizer_begins)
-            inner.register_step_post_hook(self._optimizer_ends)
+            self._handles += [inner.register_step_pre_hook(_weakly(self._optimizer_begins)),
+                              inner.register_step_post_hook(_weakly(self._optimizer_ends))]
         if trainer.pipeline is not None:
-            trainer.pipeline.on_action = self._pipeline_action
+            trainer.pipeline.on_action = _weakly(self._pipeline_action)
         # On a GPU, compute spans are CUDA event marks on the compute stream, resolved at step end with the
         # backend's marks of each collective (cuda_step); host clocks would time the launches, not the work.
         self.gpu = None
@@ -103,6 +109,13 @@ class StepProbe(NullProbe):
         self._optimizer_token = 0
         self._vote_ns = 0
         native.recorder().set_enabled(True)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.trainer.pipeline is not None:
+            self.trainer.pipeline.on_action = None
 
     # -- hooks --------------------------------------------------------------------------------------
     def _grad_ready(self, _param: torch.Tensor) -> None:
@@ -228,6 +241,18 @@ def _group_label(group: Any) -> str:
     """A process group as the recording backend names it: its description, else its name."""
     desc = getattr(group, "group_desc", "")
     return group.group_name if desc in ("", "undefined") else desc
+
+
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` as a hook that does not keep its object alive (and does nothing once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args: Any) -> None:
+        target = ref()
+        if target is not None:
+            target(*args)
+
+    return hook
 
 
 def dist_world_size() -> int:
