@@ -56,6 +56,15 @@ def test_memory_categories_equal_the_actual_tensor_bytes(zero_stages):
             assert r["memory"]["activations"] == 0, "nothing saved for backward outlives the step"
 
 
+def test_the_probes_per_layout_memory_counts_equal_the_full_walks_at_every_call(zero_stages):
+    # The probe finds what a layout fixes once (telemetry.memory.ModelMemory); the walks find everything each call.
+    for zero, per_rank in zero_stages.items():
+        checks = per_rank[0]["memory_checks"]
+        assert {name for name, _, _ in checks} == {"parameter_bytes", "gradient_bytes", "optimizer_bytes"}, zero
+        assert [(n, a) for n, a, _ in checks] == [(n, b) for n, _, b in checks], zero
+        assert any(n == "gradient_bytes" and a > 0 for n, a, _ in checks), "counted while gradients exist"
+
+
 def test_memory_shrinks_across_zero_stages_as_theory_says(zero_stages):
     P = zero_stages[0][0]["full_params"]
     mem = {z: per_rank[0]["memory"] for z, per_rank in zero_stages.items()}
