@@ -6,6 +6,7 @@
 
 #include <pybind11/stl.h>
 
+#include "activation_meter.h"
 #include "clock.h"
 #include "completion.h"
 #include "intervals.h"
@@ -140,4 +141,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
 
   wbt::bind_quantize(m);
+  wbt::bind_activation_meter(m);
 }
