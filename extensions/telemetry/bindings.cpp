@@ -9,6 +9,7 @@
 #include "activation_meter.h"
 #include "clock.h"
 #include "completion.h"
+#include "flight_recorder.h"
 #include "intervals.h"
 #include "quantize.h"
 #include "recorder.h"
@@ -142,4 +143,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   wbt::bind_quantize(m);
   wbt::bind_activation_meter(m);
+  wbt::bind_flight(m);
 }
