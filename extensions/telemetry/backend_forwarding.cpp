@@ -61,9 +61,13 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::endCoalescing() {
   }
   c10d::Backend* inner = batch_inner_;
   batch_inner_ = nullptr;
+  // A batch is launched as one (NCCL's group call): one flight-recorder entry, "send+recv".
+  const FlightTicket flight = flight_issue(batch_.name, batch_.bytes, *inner);
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = emulated_batch(inner->endCoalescing(), getGroupUid(), batch_.name, batch_.bytes, batch_.start_ns, *batch_device_);
+    work = flight_watch(
+        emulated_batch(inner->endCoalescing(), getGroupUid(), batch_.name, batch_.bytes, batch_.start_ns, *batch_device_),
+        flight, *batch_device_);
   } catch (...) {
     if (batch_stamp_ != nullptr) {
       cuda_discard(batch_stamp_);

@@ -6,9 +6,11 @@
 
 #include <pybind11/stl.h>
 
+#include "activation_meter.h"
 #include "clock.h"
 #include "completion.h"
 #include "emulation_bindings.h"
+#include "flight_recorder.h"
 #include "intervals.h"
 #include "quantize.h"
 #include "recorder.h"
@@ -142,4 +144,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   wbt::bind_quantize(m);
   wbt::bind_emulation(m);
+  wbt::bind_activation_meter(m);
+  wbt::bind_flight(m);
 }

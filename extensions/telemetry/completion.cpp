@@ -134,6 +134,16 @@ c10::intrusive_ptr<c10d::Work> cuda_end(
   return work;
 }
 
+int64_t cuda_mark_now(const at::Device& device) {
+  const CudaMarker mark = g_marker.load();
+  const int64_t id = mark == nullptr ? 0 : mark(device.index(), current_stream(device));
+  return id > 0 ? id : 0;
+}
+
+void cuda_release_mark(int64_t mark) {
+  release_mark(mark);
+}
+
 void cuda_discard(CudaStamp* stamp) {
   std::unique_ptr<CudaStamp> owned(stamp);
   release_mark(owned->start_mark);

@@ -10,15 +10,23 @@ RecordedWork::RecordedWork(
     c10::intrusive_ptr<c10d::Work> inner,
     c10::intrusive_ptr<c10::ivalue::Future> future,
     std::optional<Record> stamp_on_wait,
-    std::shared_ptr<Recorder> recorder)
+    std::shared_ptr<Recorder> recorder,
+    FlightTicket flight)
     : c10d::Work(-1, inner->retrieveOpType()),
       inner_(std::move(inner)),
       future_(std::move(future)),
       record_(std::move(stamp_on_wait)),
-      recorder_(std::move(recorder)) {}
+      recorder_(std::move(recorder)),
+      flight_(flight) {}
 
 void RecordedWork::stamp() {
-  if (!record_ || stamped_.exchange(true)) {
+  if (stamped_.exchange(true)) {
+    return;
+  }
+  if (flight_.id != 0) {
+    flight_ring().complete(flight_, false, false, 0);
+  }
+  if (!record_) {
     return;
   }
   record_->end_ns = now_ns();
@@ -35,8 +43,19 @@ bool RecordedWork::isCompleted() {
 
 bool RecordedWork::wait(std::chrono::milliseconds timeout) {
   const int64_t start = now_ns();
-  const bool ok = inner_->wait(timeout);
+  bool ok = false;
+  try {
+    ok = inner_->wait(timeout);
+  } catch (...) {
+    if (flight_.id != 0 && !stamped_.exchange(true)) {
+      flight_ring().complete(flight_, true, false, 0);
+    }
+    throw;
+  }
   stamp();
+  if (!future_ && !record_ && !recorder_) {
+    return ok; // wrapped for the flight recorder only: its caller's wait is timed by the wrapper outside
+  }
   const int64_t end = now_ns();
   // A wait that blocked (not one on a collective already done) is time the
   // calling thread did not compute: FSDP2 waiting for its all-gather, a

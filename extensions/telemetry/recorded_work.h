@@ -8,7 +8,8 @@
 //    could otherwise drain before the span arrives;
 //  - a Work without a future (gloo's send/recv and reduce_scatter, which
 //    finish inside wait()) is stamped when wait() returns: in C++, but only
-//    once the caller looks.
+//    once the caller looks. So is its flight-recorder entry (`flight`); a
+//    Work wrapped only for that (no future, no record) times no waits.
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "flight_recorder.h"
 #include "recorder.h"
 
 namespace wbt {
@@ -30,7 +32,8 @@ class RecordedWork final : public c10d::Work {
       c10::intrusive_ptr<c10d::Work> inner,
       c10::intrusive_ptr<c10::ivalue::Future> future,
       std::optional<Record> stamp_on_wait,
-      std::shared_ptr<Recorder> recorder);
+      std::shared_ptr<Recorder> recorder,
+      FlightTicket flight = {});
 
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -54,6 +57,7 @@ class RecordedWork final : public c10d::Work {
   std::optional<Record> record_;
   std::shared_ptr<Recorder> recorder_;
   std::atomic<bool> stamped_{false};
+  FlightTicket flight_;
 };
 
 } // namespace wbt

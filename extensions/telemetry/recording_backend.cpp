@@ -73,6 +73,17 @@ c10d::Backend& RecordingBackend::primary() {
   return cuda_ ? *cuda_ : *cpu_;
 }
 
+std::string RecordingBackend::label() const {
+  // DeviceMesh names its groups through the description ("mesh_dp"), which is
+  // what a reader wants to see; the uid is the fallback.
+  const auto& desc = getGroupDesc();
+  return (desc.empty() || desc == "undefined") ? getGroupUid() : desc;
+}
+
+FlightTicket RecordingBackend::flight_issue(std::string op, int64_t bytes, c10d::Backend& inner) {
+  return flight_ring().issue(label(), getGroupUid(), std::move(op), ++flight_seq_, bytes, getSize(), inner.getBackendName());
+}
+
 Record RecordingBackend::new_record(
     const char* op,
     int64_t bytes,
@@ -83,10 +94,7 @@ Record RecordingBackend::new_record(
   r.bytes = bytes;
   r.group_size = getSize();
   r.stream = inner.getBackendName(); // "gloo" or "nccl": whose threads/streams ran it
-  // DeviceMesh names its groups through the description ("mesh_dp"), which is
-  // what a reader wants to see; the uid is the fallback.
-  const auto& desc = getGroupDesc();
-  r.group = (desc.empty() || desc == "undefined") ? getGroupUid() : desc;
+  r.group = label();
   // The group's collectives queue on one NCCL stream: the uid is unique.
   r.queue = r.stream + ":" + getGroupUid();
   return r;
@@ -105,18 +113,21 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::run(
   }
   IssueFn paced; // an emulated cluster's cost (emulation.h); the real issue when emulation is off
   const Issue& issue = emulation_on() ? (paced = emulated(issue_now, getGroupUid(), op, bytes, peer, device)) : issue_now;
+  // The flight recorder sees every operation, recorded or not (flight_recorder.h).
+  const FlightTicket flight = flight_issue(op, bytes, inner);
+  const Issue watched = [&](c10d::Backend& b) { return flight_watch(issue(b), flight, device); };
   if (!recorder_->enabled()) {
-    return issue(inner);
+    return watched(inner);
   }
   Record r = new_record(op, bytes, inner);
   if (device.is_cuda()) {
     CudaStamp* stamp = cuda_begin(device, recorder_);
     if (stamp == nullptr) {
-      return issue(inner);
+      return watched(inner);
     }
     c10::intrusive_ptr<c10d::Work> work;
     try {
-      work = issue(inner);
+      work = watched(inner);
     } catch (...) {
       cuda_discard(stamp);
       throw;
@@ -124,7 +135,7 @@ c10::intrusive_ptr<c10d::Work> RecordingBackend::run(
     return cuda_end(std::move(work), stamp, std::move(r), device);
   }
   r.start_ns = now_ns();
-  return stamp_cpu_completion(issue(inner), std::move(r), recorder_);
+  return stamp_cpu_completion(watched(inner), std::move(r), recorder_);
 }
 
 // --- collectives ---

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "completion.h"
+#include "flight_recorder.h"
 #include "recorder.h"
 
 namespace wbt {
@@ -150,7 +151,10 @@ class RecordingBackend final : public c10d::Backend {
       const at::Device& device,
       const Issue& issue_now,
       int peer = -1);
+  std::string label() const;
   Record new_record(const char* op, int64_t bytes, c10d::Backend& inner) const;
+  // The flight recorder's entry for an operation issued now on this group.
+  FlightTicket flight_issue(std::string op, int64_t bytes, c10d::Backend& inner);
   void join_batch(
       const char* op,
       int64_t bytes,
@@ -161,6 +165,7 @@ class RecordingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_;
   std::string group_name_;
   std::shared_ptr<Recorder> recorder_;
+  std::atomic<uint64_t> flight_seq_{0}; // operations issued on this group by this rank
 
   // Coalescing state. ProcessGroup calls startCoalescing without saying for
   // which device, so the inner backend is chosen by the first op of a batch,

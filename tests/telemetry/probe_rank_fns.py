@@ -21,7 +21,9 @@ def train_and_measure(cfg: Config, steps: int = 2) -> dict:
 
     with rank.unchecked():
         trainer = Trainer(cfg, build_mesh(cfg, "cpu"), "cpu", TokenData.for_config(cfg), telemetry=True)
+        checks = _compare_memory_with_the_walks(trainer)
         metrics = [trainer.step(i) for i in range(steps)]
+    trainer.close()
     m = metrics[-1]
     # Independent measures, straight from the tensors (to_local, nbytes, the optimizer's state_dict).
     params = sum(_local(p).nbytes for mod in trainer.modules for p in mod.parameters())
@@ -45,4 +47,23 @@ def train_and_measure(cfg: Config, steps: int = 2) -> dict:
         "comm_time_s": m.comm_time_s, "exposed_comm_s": m.exposed_comm_s, "overlap": m.overlap,
         "step_time_s": m.step_time_s, "world": dist.get_world_size(), "actions": m.pipeline_actions,
         "receive_buffers": receive, "pp_rank": trainer.pipeline.pp_rank if trainer.pipeline else 0,
+        "memory_checks": checks,
     }
+
+
+def _compare_memory_with_the_walks(trainer) -> list[tuple[str, int, int]]:
+    """Each time the probe asks its per-layout memory counts during the steps, the full walks over modules and
+    optimizers (telemetry.memory's functions) are asked too: (what, cached answer, walked answer)."""
+    from workbench.telemetry import memory
+
+    cached, seen = trainer.probe.memory, []
+    walks = {"parameter_bytes": lambda: memory.parameter_bytes(trainer.modules),
+             "gradient_bytes": lambda: memory.gradient_bytes(trainer.modules),
+             "optimizer_bytes": lambda: memory.optimizer_bytes(trainer.optimizers, trainer.device)}
+    for name, walk in walks.items():
+        def both(answer=getattr(cached, name), walk=walk, name=name):
+            value = answer()
+            seen.append((name, value, walk()))
+            return value
+        setattr(cached, name, both)
+    return seen

@@ -42,6 +42,31 @@ def test_a_collective_result_saved_twice_counts_once():
     assert meter.live == 0 and meter.peak == result.nbytes
 
 
+def test_the_meter_counts_each_saved_storage_once_as_a_plain_hook_pair_sees_them():
+    import torch
+
+    from workbench.engine.model import build_model
+    from workbench.telemetry.activations import ActivationMeter
+
+    model = build_model(BASE.model, 0)
+    x = torch.randint(0, 256, (2, 32))
+    # Independent: a plain-Python hook pair keeping every saved tensor, then the distinct storages among them that
+    # are not a parameter (or a view of one) nor the model's buffers.
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(x).sum()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
+    expected = sum(n for ptr, n in storages.items() if ptr not in params)
+    meter = ActivationMeter(buffers=list(model.buffers()))
+    with meter.watching():
+        loss = model(x).sum()
+    assert meter.live == meter.peak == expected > 0
+    loss.backward()
+    assert meter.live == 0 and meter.peak == expected
+
+
 @pytest.fixture(scope="module")
 def zero_stages(_session_pool):
     return {zero: _session_pool.run(fns.train_and_measure, BASE.replace(dp=2, zero=zero)) for zero in range(4)}
@@ -54,6 +79,15 @@ def test_memory_categories_equal_the_actual_tensor_bytes(zero_stages):
             assert r["memory"]["optimizer"] == r["independent_optimizer"], zero
             assert r["memory"]["gradients"] == 0, "gradients are freed after the step (zero_grad(set_to_none))"
             assert r["memory"]["activations"] == 0, "nothing saved for backward outlives the step"
+
+
+def test_the_probes_per_layout_memory_counts_equal_the_full_walks_at_every_call(zero_stages):
+    # The probe finds what a layout fixes once (telemetry.memory.ModelMemory); the walks find everything each call.
+    for zero, per_rank in zero_stages.items():
+        checks = per_rank[0]["memory_checks"]
+        assert {name for name, _, _ in checks} == {"parameter_bytes", "gradient_bytes", "optimizer_bytes"}, zero
+        assert [(n, a) for n, a, _ in checks] == [(n, b) for n, _, b in checks], zero
+        assert any(n == "gradient_bytes" and a > 0 for n, a, _ in checks), "counted while gradients exist"
 
 
 def test_memory_shrinks_across_zero_stages_as_theory_says(zero_stages):

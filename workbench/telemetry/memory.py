@@ -1,5 +1,11 @@
 """Memory by category, counted from the tensors themselves: what this rank's parameters, gradients and optimizer
-state occupy on its device (local shards under ZeRO and tensor parallel, each storage once), and the process total."""
+state occupy on its device (local shards under ZeRO and tensor parallel, each storage once), and the process total.
+
+The functions walk the modules and optimizers each call (50-150 µs). `ModelMemory` gives the same answers for one
+trainer several times a step: what its layout fixes (which parameter slots there are, which FSDP2 parameters, each
+tensor's size) is found once, and each call reads only what moves (what FSDP2 has gathered, which gradients and
+optimizer states exist).
+"""
 
 from __future__ import annotations
 
@@ -65,6 +71,66 @@ def optimizer_bytes(optimizers: list[torch.optim.Optimizer], device: torch.devic
             total += sum(local_bytes(v) for v in state.values()
                          if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device.type == device.type)
     return total
+
+
+class ModelMemory:
+    """`parameter_bytes`, `gradient_bytes` and `optimizer_bytes` of one trainer's modules and optimizers, equal to the
+    functions' answers, for the probe to call every step.
+
+    Fixed by the layout, so found once: every module's parameter slots (FSDP2 swaps sharded and gathered parameters
+    in and out of them, so the slots are read at each call, never their contents kept), the FSDP2 parameters, and
+    the bytes of each tensor object (a tensor's shape and dtype never change). Optimizer state is counted again only
+    when a state dict appears or its entries change in number (AdamW fills it at the first step).
+    """
+
+    def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer], device: torch.device) -> None:
+        self._slots = [(sub._parameters, name) for module in modules for sub in module.modules()
+                       for name, p in sub._parameters.items() if p is not None]
+        self._fsdp = [fp for module in modules for fp in _fsdp_params(module)]
+        self._optimizers = [getattr(opt, "optim", opt) for opt in optimizers]
+        self._device = device
+        self._sizes: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (the tensor, kept so the id stays its, bytes)
+        self._optimizer_key: tuple = ()
+        self._optimizer_bytes = 0
+
+    def _bytes(self, t: torch.Tensor) -> int:
+        entry = self._sizes.get(id(t))
+        if entry is None:
+            entry = self._sizes[id(t)] = (t, local_bytes(t))
+        return entry[1]
+
+    def _parameters(self) -> list[torch.Tensor]:
+        """What `module.parameters()` yields now: the slots' contents, each object once."""
+        seen, out = set(), []
+        for slots, name in self._slots:
+            p = slots[name]
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out
+
+    def parameter_bytes(self) -> int:
+        params = self._parameters()
+        total, seen = sum(self._bytes(p) for p in params), {id(p) for p in params}
+        for fsdp_param in self._fsdp:
+            sharded = getattr(fsdp_param, "sharded_param", None)
+            if sharded is not None and id(sharded) not in seen:
+                seen.add(id(sharded))
+                total += self._bytes(sharded)
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None and id(unsharded) not in seen:
+                seen.add(id(unsharded))
+                total += unsharded.untyped_storage().nbytes()  # 0 while resharded (storage freed)
+        return total
+
+    def gradient_bytes(self) -> int:
+        return sum(local_bytes(p.grad) for p in self._parameters() if p.grad is not None)
+
+    def optimizer_bytes(self) -> int:
+        key = tuple((id(opt.state), len(opt.state)) for opt in self._optimizers)
+        if key != self._optimizer_key:
+            self._optimizer_key, self._optimizer_bytes = key, optimizer_bytes(self._optimizers, self._device)
+        return self._optimizer_bytes
 
 
 def process_bytes(device: torch.device) -> int:

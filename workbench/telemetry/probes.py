@@ -22,7 +22,7 @@ from workbench.estimate import flops_per_token
 from workbench.telemetry.activations import ActivationMeter
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.grad_sync import grad_sync_bytes
-from workbench.telemetry.memory import gradient_bytes, optimizer_bytes, parameter_bytes, process_bytes
+from workbench.telemetry.memory import ModelMemory, process_bytes
 
 
 class NullProbe:
@@ -78,6 +78,9 @@ class StepProbe(NullProbe):
         self.native, self.trainer, self.device = native, trainer, trainer.device
         cfg = trainer.cfg
         self.meter = ActivationMeter(buffers=[b for module in trainer.modules for b in module.buffers()])
+        self.memory = ModelMemory(trainer.modules, trainer.optimizers, trainer.device)
+        self._now = native.load().now_ns  # the native clock, looked up once: hooks call it for every gradient
+        self._sync_groups = _sync_groups(trainer)
         # Model FLOPs of one step on this rank: the whole step's, shared by every rank.
         self.flops = flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step / dist_world_size()
         self.peak_flops, self.peak_source = peak_flops_for(self.device, cfg.precision)
@@ -122,19 +125,19 @@ class StepProbe(NullProbe):
         if self.gpu is not None:
             self.gpu.roll()  # runs on the stream autograd computed this gradient on
             return
-        self._last_grad_ns = self.native.now_ns()
+        self._last_grad_ns = self._now()
 
     def _optimizer_begins(self, *_: Any) -> None:
         if self.gpu is not None:
             self._optimizer_token = self.gpu.begin("compute", "optimizer")
             return
-        self._optimizer_start = self.native.now_ns()
+        self._optimizer_start = self._now()
 
     def _optimizer_ends(self, *_: Any) -> None:
         if self.gpu is not None:
             self.gpu.end(self._optimizer_token)
             return
-        self.spans.append(Interval("compute", "optimizer", self._optimizer_start, self.native.now_ns()))
+        self.spans.append(Interval("compute", "optimizer", self._optimizer_start, self._now()))
 
     def _pipeline_action(self, kind: str, stage: int, microbatch: int, start_ns: int, end_ns: int) -> None:
         self.actions.append((stage, microbatch, kind, start_ns, end_ns))
@@ -150,7 +153,7 @@ class StepProbe(NullProbe):
     @contextlib.contextmanager
     def backward(self) -> Iterator[None]:
         # The end of forward: what ZeRO-2 keeps gathered (and ZeRO-3 has freed) until backward.
-        self._params_peak = max(self._params_peak, parameter_bytes(self.trainer.modules))
+        self._params_peak = max(self._params_peak, self.memory.parameter_bytes())
         if self.gpu is not None:
             self.gpu.drop_rolling()  # a stray roll before backward (user code) would end it too early
             token = self.gpu.begin("compute", "backward")
@@ -162,9 +165,9 @@ class StepProbe(NullProbe):
             # The last gradient's mark, not a mark now: the stream may already be waiting for DDP's last bucket.
             self.gpu.end(token, self.gpu.take_rolling())
             return
-        start = self.native.now_ns()
+        start = self._now()
         yield
-        end = self._last_grad_ns if self._last_grad_ns > start else self.native.now_ns()
+        end = self._last_grad_ns if self._last_grad_ns > start else self._now()
         self.spans.append(Interval("compute", "backward", start, end))
 
     def activations(self) -> contextlib.AbstractContextManager:
@@ -179,37 +182,30 @@ class StepProbe(NullProbe):
         self.meter.reset_peak()
 
     def after_backward(self) -> None:
-        modules = self.trainer.modules
-        self._after_backward = {"parameters": parameter_bytes(modules), "gradients": gradient_bytes(modules),
+        self._after_backward = {"parameters": self.memory.parameter_bytes(), "gradients": self.memory.gradient_bytes(),
                                 "process": process_bytes(self.device)}
 
     def before_vote(self) -> None:
         # On the native recorder's clock: the dp group's collectives before this moment are the gradient sync,
         # the step's vote (on the world group, which is the dp group on a 1-D mesh) and what follows are not.
-        self._vote_ns = self.native.now_ns()
+        self._vote_ns = self._now()
 
     def _grad_sync_bytes(self, intervals: tuple[Interval, ...]) -> int:
         """Bytes the gradient sync sent in the step, from the recorded collectives (0 without replicas).
 
         The sync runs over the trainer's gradient mesh: dp, or dp·cp with context parallel; under HSDP (a 2-D
         mesh) FSDP2 reduce-scatters within the shard group, then all-reduces across the replicate group."""
-        mesh, zero, before = self.trainer.dp_mesh, self.trainer.cfg.zero, self._vote_ns
-        if mesh.size() == 1:
-            return 0
-        if mesh.ndim == 2:
-            return (grad_sync_bytes(intervals, _group_label(mesh.get_group(1)), zero, before_ns=before)
-                    + grad_sync_bytes(intervals, _group_label(mesh.get_group(0)), 0, before_ns=before))
-        return grad_sync_bytes(intervals, _group_label(mesh.get_group()), zero, before_ns=before)
+        return sum(grad_sync_bytes(intervals, label, zero, before_ns=self._vote_ns)
+                   for label, zero in self._sync_groups)
 
     def finish(self, metrics: StepMetrics) -> StepMetrics:
         gpu_spans = self.gpu.finish() if self.gpu is not None else []
         intervals = tuple(sorted([*self.native.drain(), *self.spans, *gpu_spans], key=lambda iv: iv.start_ns))
         comm_s, exposed_s, overlap = self.native.step_summary(intervals)
-        modules = self.trainer.modules
         current = {
-            "parameters": parameter_bytes(modules),
-            "gradients": gradient_bytes(modules),
-            "optimizer": optimizer_bytes(self.trainer.optimizers, self.trainer.device),
+            "parameters": self.memory.parameter_bytes(),
+            "gradients": self.memory.gradient_bytes(),
+            "optimizer": self.memory.optimizer_bytes(),
             "activations": self.meter.live,
         }
         process = process_bytes(self.device)
@@ -235,6 +231,17 @@ class StepProbe(NullProbe):
         from workbench.telemetry.cuda_step import device_memory
 
         return device_memory(self.device)
+
+
+def _sync_groups(trainer: Any) -> list[tuple[str, int]]:
+    """The groups the gradient sync runs on, as the recording backend labels them, each with the ZeRO stage that
+    says which of its collectives are the sync; fixed by the layout, so found once (a mesh lookup costs ~0.1 ms)."""
+    mesh, zero = trainer.dp_mesh, trainer.cfg.zero
+    if mesh.size() == 1:
+        return []
+    if mesh.ndim == 2:  # HSDP: reduce-scatter in the shard group, all-reduce across the replicas
+        return [(_group_label(mesh.get_group(1)), zero), (_group_label(mesh.get_group(0)), 0)]
+    return [(_group_label(mesh.get_group()), zero)]
 
 
 def _group_label(group: Any) -> str:
