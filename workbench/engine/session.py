@@ -20,7 +20,7 @@ from workbench.config import Config
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh, mesh_key
-from workbench.engine.reshard import export_full_state, import_full_state
+from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 from workbench.telemetry.events import StepMetrics
@@ -32,6 +32,8 @@ class Session:
     next_step: int
     """Index of the global batch the next step trains on; continues across layout changes."""
     meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    corpus: str | Path | None = None
+    """The corpus argument the trainer's data was prepared from."""
 
 
 _KEY = "session"
@@ -77,26 +79,28 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     or the model's shape or seed changed: there is no state to carry then
     (a mixture of experts' routing settings are not its shape: they carry).
     The new trainer is complete before the old one is dropped, so a failure
-    here leaves the previous model as it was.
+    here leaves the previous model as it was. The result's "reshard" says how
+    the state moved (`reshard_direct.reshard_into`), None for a new model.
     """
     old = current_or_none()
     # Routing settings (capacity, top_k, balancing weight) may change on a trained mixture of experts: same weights.
     carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
              and old.trainer.cfg.seed == cfg.seed)
     with rank.unchecked():
-        state = export_full_state(old.trainer) if carry else None
         meshes = old.meshes if old is not None else {}
         layout = mesh_key(cfg)
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
         if layout not in meshes:
             meshes[layout] = build_mesh(cfg, _device_type())
-        trainer = Trainer(cfg, meshes[layout], rank.info.device, TokenData.for_config(cfg, corpus), telemetry)
-        if state is not None:
-            import_full_state(trainer, state)
+        # A reshard continues the same run on the same text: the shard is kept, not looked up by walking the folder.
+        shard = getattr(old.trainer.data, "shard", None) if carry and old.corpus == corpus else None
+        trainer = Trainer(cfg, meshes[layout], rank.info.device, TokenData.for_config(cfg, corpus, shard=shard),
+                          telemetry)
+        path = reshard_into(old.trainer, trainer) if carry else None
         dist.barrier()
-    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes)
-    del old, state
-    return {"layout": cfg.layout, "resharded": carry,
+    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes, corpus)
+    del old
+    return {"layout": cfg.layout, "resharded": carry, "reshard": path,
             "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
 
 
