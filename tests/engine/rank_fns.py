@@ -32,6 +32,7 @@ from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routi
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.precision import DTYPES
 from workbench.engine.reshard import export_full_state, import_full_state
+from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 
@@ -120,30 +121,36 @@ def train(cfg: Config, steps: int) -> dict[str, Any]:
 
 
 @unchecked
-def train_through_layouts(plan: list[tuple[Config, int]]) -> dict[str, Any]:
+def train_through_layouts(plan: list[tuple[Config, int]], direct: bool = False) -> dict[str, Any]:
     """Train each (cfg, steps) in turn, resharding the state into the next layout in between.
 
     Returns the losses of all steps; for every reshard, whether exporting
     again right after the import gives back exactly the state imported; the
     exported state's checksum at every boundary (ranks compare cheaply); and,
-    on rank 0, the final exported model weights.
+    on rank 0, the final exported model weights. `direct`: reshard trainer to
+    trainer with `reshard_into` (its path per reshard in "paths") instead of
+    importing the exported full state.
     """
     losses: list[float] = []
     checksums: list[float] = []
     exact_roundtrips: list[bool] = []
-    state = None
+    paths: list[str] = []
+    state = old = None
     step = 0
     for cfg, steps in plan:
         trainer = _trainer(cfg)
         if state is not None:
-            import_full_state(trainer, state)
+            if direct:
+                paths.append(reshard_into(old, trainer))
+            else:
+                import_full_state(trainer, state)
             exact_roundtrips.append(_identical(export_full_state(trainer), state))
         for _ in range(steps):
             losses.append(trainer.step(step).loss)
             step += 1
-        state = export_full_state(trainer)
+        state, old = export_full_state(trainer), trainer
         checksums.append(_checksum(state))
-    return {"losses": losses, "checksums": checksums, "exact_roundtrips": exact_roundtrips,
+    return {"losses": losses, "checksums": checksums, "exact_roundtrips": exact_roundtrips, "paths": paths,
             "steps_done": state["trainer"]["steps_done"], "model": state["model"] if dist.get_rank() == 0 else None}
 
 

@@ -180,13 +180,15 @@ class TokenData:
     """
 
     def __init__(self, corpus: str | Path | None = None, *, batch_size: int, seq_len: int, seed: int = 0,
-                 val_fraction: float = 0.05, cache_dir: str | Path | None = None) -> None:
+                 val_fraction: float = 0.05, cache_dir: str | Path | None = None, shard: Shard | None = None) -> None:
+        """`shard`: one already prepared from `corpus` (a reshard keeps training on the text it trained on, and
+        skips walking the folder again); None prepares it."""
         if batch_size <= 0 or seq_len <= 0:
             raise ValueError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
         self.batch_size, self.seq_len, self.seed, self.val_fraction = batch_size, seq_len, seed, val_fraction
-        self.shard = prepare(corpus, cache_dir)
+        self.shard = shard if shard is not None else prepare(corpus, cache_dir)
         self._tokens = self.shard.tokens()
         total = len(self._tokens)
         self.train_bytes = total - round(total * val_fraction)

@@ -25,6 +25,7 @@ from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh, mesh_key
 from workbench.engine.reshard import export_full_state, import_full_state
+from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 from workbench.telemetry.events import StepMetrics
@@ -85,39 +86,39 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     or the model's shape or seed changed: there is no state to carry then
     (a mixture of experts' routing settings are not its shape: they carry).
     The new trainer is complete before the old one is dropped, so a failure
-    here leaves the previous model as it was.
+    here leaves the previous model as it was. The result's "reshard" says how
+    the state moved (`reshard_direct.reshard_into`), None for a new model.
     """
     old = current_or_none()
     # Routing settings (capacity, top_k, balancing weight) may change on a trained mixture of experts: same weights.
     carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
              and old.trainer.cfg.seed == cfg.seed)
     with rank.unchecked():
-        state = export_full_state(old.trainer) if carry else None
         meshes = old.meshes if old is not None else {}
         layout = mesh_key(cfg)
         # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
         if layout not in meshes:
             meshes[layout] = build_mesh(cfg, _device_type())
-        trainer = Trainer(cfg, meshes[layout], rank.info.device, _data(cfg, corpus, old), telemetry)
-        if state is not None:
-            import_full_state(trainer, state)
+        trainer = Trainer(cfg, meshes[layout], rank.info.device, _data(cfg, corpus, old, carry), telemetry)
+        path = reshard_into(old.trainer, trainer) if carry else None
         dist.barrier()
     rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes, corpus)
-    del state
     if old is not None:
         _release(old)
-    return {"layout": cfg.layout, "resharded": carry,
+    return {"layout": cfg.layout, "resharded": carry, "reshard": path,
             "params_local": sum(p.numel() for m in trainer.modules for p in m.parameters())}
 
 
-def _data(cfg: Config, corpus: str | Path | None, old: Session | None) -> TokenData:
-    """The previous trainer's data when it is the same corpus, batch and seed (one mapping of the corpus file, and
-    no second walk over its folder), else a new one."""
+def _data(cfg: Config, corpus: str | Path | None, old: Session | None, carry: bool) -> TokenData:
+    """The previous trainer's data when it is the same corpus, batch and seed (one mapping of the corpus file);
+    else, on a reshard of the same run and text, a new view of the same shard (no second walk over its folder);
+    else a new one."""
     data = old.trainer.data if old is not None else None
     if (isinstance(data, TokenData) and old.corpus == corpus
             and (data.batch_size, data.seq_len, data.seed) == (cfg.batch_size, cfg.seq_len, cfg.seed)):
         return data
-    return TokenData.for_config(cfg, corpus)
+    shard = getattr(data, "shard", None) if carry and old.corpus == corpus else None
+    return TokenData.for_config(cfg, corpus, shard=shard)
 
 
 def _release(session: Session) -> None:

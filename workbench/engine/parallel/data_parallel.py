@@ -84,7 +84,9 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config,
     # process_group, not device_mesh: given a slice of a larger mesh, DDP applies its TP workaround.
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
     # No buffer sync before each forward either: it would add a collective per step that the timeline shows.
-    ddp = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
+    # init_sync=False: no shape check and broadcast from rank 0 at construction; every rank built the same weights
+    # from the same Config and seed (and a reshard then writes the same state into each replica).
+    ddp = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, init_sync=False,
                                   **{_NO_BUFFER_SYNC: False})
     # Gradient compression is a comm hook: it replaces DDP's bucket all-reduce (Config.compression).
     apply_compression(ddp, dp_mesh.get_group(), cfg)

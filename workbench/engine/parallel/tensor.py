@@ -100,9 +100,11 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, cfg: Config, *, loss_paral
     """Split `model` (or a pipeline chunk of it) across the ranks of the 1-D `tp_mesh`, in place."""
     if tp_mesh.size() == 1:
         return model
-    parallelize_module(model, tp_mesh, model_plan(model, loss_parallel=loss_parallel))
+    # src_data_rank=None: each rank cuts its shards from its own copy, no scatter from rank 0 (one per parameter):
+    # every rank built the same weights from the seed.
+    parallelize_module(model, tp_mesh, model_plan(model, loss_parallel=loss_parallel), src_data_rank=None)
     for block in model.layers.values():
         moe = isinstance(block.feed_forward, MoEFeedForward)
-        parallelize_module(block, tp_mesh, moe_block_plan() if moe else block_plan())
+        parallelize_module(block, tp_mesh, moe_block_plan() if moe else block_plan(), src_data_rank=None)
     return model
 
