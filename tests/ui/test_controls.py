@@ -201,3 +201,53 @@ def test_an_expert_parallel_refusal_is_explained_inline(bench):
     c.ep.value = 2  # the model is dense
     assert c.config is None and c.apply_button.disabled
     assert "ep: ep=2 splits experts, but the model is dense" in c.message.value
+
+
+# -- the one table of controls ----------------------------------------------------------------------------
+def test_every_row_of_the_table_is_a_config_field_with_a_widget(bench):
+    from workbench.ui.fields import CONTROLS, read
+
+    c = Controls(bench)
+    cfg = wb.Config(dp=2)
+    for control in CONTROLS:
+        read(cfg, control.path)  # raises AttributeError for a row naming no Config field
+        assert getattr(c, control.name) is c.fields[control.name]
+    assert len({control.name for control in CONTROLS}) == len(CONTROLS)
+
+
+def test_a_control_is_one_row(bench, monkeypatch):
+    """A row added to the table appears in the inputs, reaches the Config, is shown by set_config, explains itself."""
+    from workbench.ui import controls as controls_module, fields
+
+    row = fields.Control("seed", "training", fields.integer("seed", 0, 1 << 30, 120),
+                         help=lambda v: f"seeded with {v.seed}")
+    monkeypatch.setattr(controls_module, "CONTROLS", (*fields.CONTROLS, row))
+    c = Controls(bench)
+    assert c.seed in c.inputs and c.seed in c.lines["training"].children
+    c.seed.value = 7
+    assert c.config == wb.Config(dp=2, seed=7) and "seeded with 7" in c.explain.value
+    c.set_config(wb.Config(dp=2, seed=3))
+    assert c.seed.value == 3
+
+
+def test_fields_without_a_control_are_carried_over(bench):
+    c = Controls(bench)
+    c.set_config(wb.Config(dp=2, seed=5, weight_decay=0.1, powersgd_rank=4))
+    c.zero.value = 1
+    assert c.config == wb.Config(dp=2, zero=1, seed=5, weight_decay=0.1, powersgd_rank=4)
+
+
+def test_an_input_that_does_not_apply_leaves_its_field_as_shown(bench):
+    c = Controls(bench)
+    c.dp.value, c.pp.value, c.micro_batches.value = 1, 2, 2
+    c.schedule.value = "gpipe"
+    assert c.config.schedule == "gpipe"
+    c.dp.value, c.pp.value = 2, 1  # no pipeline: the schedule is greyed out and not applied
+    assert c.schedule.disabled and c.config.schedule == "1f1b"
+
+
+def test_zero_help_does_not_speak_of_an_all_reduce_without_data_parallel(bench):
+    c = Controls(bench)
+    assert ZERO_HELP[0] in c.explain.value  # dp2
+    c.dp.value, c.tp.value = 1, 2
+    assert c.config is not None and ZERO_HELP[0] not in c.explain.value and "dp = 1" in c.explain.value

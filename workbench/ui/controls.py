@@ -17,71 +17,41 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.config import PRESETS, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, ConfigError, ModelConfig, divisors
-from workbench.config import COMPRESSION_HELP, OFFLOAD_HELP
+from workbench.config import PRESETS, Config, ConfigError, ModelConfig
+from workbench.ui.fields import CONTROLS, Values, read
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
 
 _LABEL = {"description_width": "initial"}
-_ROUTING = ("top_k", "capacity_factor", "aux_loss_coef")
-"""The mixture-of-experts settings the controls edit on top of the chosen model (they do not change its weights)."""
-
-
-def _toggle(description: str, options: list, value: Any, tooltip: str) -> widgets.ToggleButtons:
-    return widgets.ToggleButtons(description=description, options=options, value=value,
-                                 tooltips=[tooltip] * len(options), style=dict(_LABEL, button_width="auto"),
-                                 layout=widgets.Layout(width="auto"))
 
 
 class Controls:
-    """The inputs for everything in a Config a user explores, the action buttons and the status lines."""
+    """The inputs for everything in a Config a user explores, the action buttons and the status lines.
+
+    The inputs come from the table `workbench.ui.fields.CONTROLS` (one row per Config field); each is an
+    attribute named after its row (`controls.dp`, `controls.recompute`). The model is chosen here, among
+    the presets (and the shape of the Config shown, when it is none of them).
+    """
 
     def __init__(self, bench: "Workbench") -> None:
         self.bench = bench
         world = bench.pool.world_size
         cfg = bench.config or Config(dp=world, batch_size=max(16, world * 8))
         self._models: dict[str, ModelConfig] = dict(PRESETS)
-        model_name = next((n for n, m in PRESETS.items() if _same_but_routing(m, cfg.model)), "current (custom)")
-        self._models.setdefault(model_name, cfg.model)
-        degrees = divisors(world)
-
-        self.model = widgets.Dropdown(description="model", options=list(self._models), value=model_name,
+        self._shown = cfg
+        """The Config last shown in the inputs: fields without a control, and inactive ones, come from it."""
+        self.model = widgets.Dropdown(description="model", options=list(self._models), value=self._model_name(cfg),
                                       style=_LABEL, layout=widgets.Layout(width="180px"))
-        self.dp = _toggle("dp", degrees, cfg.dp if cfg.dp in degrees else 1, "data-parallel degree")
-        self.tp = _toggle("tp", degrees, cfg.tp if cfg.tp in degrees else 1, "tensor-parallel degree")
-        self.pp = _toggle("pp", degrees, cfg.pp if cfg.pp in degrees else 1, "pipeline-parallel degree")
-        self.ep = _toggle("ep", degrees, cfg.ep if cfg.ep in degrees else 1,
-                          "expert-parallel degree: experts split across this many of the dp ranks")
-        self.top_k = widgets.BoundedIntText(description="top-k", value=cfg.model.top_k, min=1, max=1024,
-                                            style=_LABEL, layout=widgets.Layout(width="110px"))
-        self.capacity_factor = widgets.FloatText(description="capacity factor", value=cfg.model.capacity_factor,
-                                                 step=0.25, style=_LABEL, layout=widgets.Layout(width="170px"))
-        self.aux_loss_coef = widgets.FloatText(description="aux loss coef", value=cfg.model.aux_loss_coef,
-                                               step=0.01, style=_LABEL, layout=widgets.Layout(width="160px"))
-        self.zero = _toggle("ZeRO", [0, 1, 2, 3], cfg.zero, "ZeRO stage across the dp ranks")
-        self.schedule = widgets.Dropdown(description="schedule", options=list(SCHEDULE_HELP), value=cfg.schedule,
-                                         style=_LABEL, layout=widgets.Layout(width="210px"))
-        self.micro_batches = widgets.BoundedIntText(description="micro-batches", value=cfg.micro_batches, min=1,
-                                                    max=1024, style=_LABEL, layout=widgets.Layout(width="150px"))
-        self.stages_per_rank = widgets.BoundedIntText(description="stages/rank", value=cfg.stages_per_rank, min=1,
-                                                      max=64, style=_LABEL, layout=widgets.Layout(width="140px"))
-        self.recompute = _toggle("recompute", list(RECOMPUTE_HELP), cfg.activation_checkpointing,
-                                 "activation checkpointing")
-        self.precision = _toggle("precision", ["fp32", "bf16", "fp16"], cfg.precision, "compute precision")
-        self.batch_size = widgets.BoundedIntText(description="batch", value=cfg.batch_size, min=1, max=1 << 20,
-                                                 style=_LABEL, layout=widgets.Layout(width="130px"))
-        self.seq_len = widgets.BoundedIntText(description="seq_len", value=cfg.seq_len, min=1, max=1 << 20,
-                                              style=_LABEL, layout=widgets.Layout(width="140px"))
-        self.lr = widgets.FloatText(description="lr", value=cfg.lr, step=1e-4, style=_LABEL,
-                                    layout=widgets.Layout(width="140px"))
-        self.compression = widgets.Dropdown(description="compression", options=list(COMPRESSION_HELP),
-                                            value=cfg.compression, style=_LABEL, layout=widgets.Layout(width="210px"),
-                                            tooltip="compression of the data-parallel gradient sync")
-        self.offload = widgets.Checkbox(description="offload optimizer (ZeRO-Offload)", value=cfg.offload,
-                                        indent=False, layout=widgets.Layout(width="240px"))
-        self._kept = {"weight_decay": cfg.weight_decay, "seed": cfg.seed,  # not shown; carried over unchanged
-                      "powersgd_rank": cfg.powersgd_rank}
+        self.fields: dict[str, widgets.ValueWidget] = {}
+        """The table's widgets by row name, in table order."""
+        for control in CONTROLS:
+            if hasattr(self, control.name):
+                raise ValueError(f"control {control.name!r}: the name is taken on Controls; rename the row")
+            widget = control.make(world)
+            self.fields[control.name] = widget
+            setattr(self, control.name, widget)
+        self._show_values(cfg)
 
         self.apply_button = widgets.Button(description="Apply", button_style="primary", icon="check",
                                            tooltip="build this layout on the ranks (reshards a trained model)")
@@ -122,62 +92,68 @@ class Controls:
 
     @property
     def inputs(self) -> list[widgets.ValueWidget]:
-        return [self.model, self.dp, self.tp, self.pp, self.zero, self.schedule, self.micro_batches,
-                self.stages_per_rank, self.recompute, self.precision, self.batch_size, self.seq_len, self.lr,
-                self.compression, self.offload, self.ep, self.top_k, self.capacity_factor, self.aux_loss_coef]
+        return [self.model, *self.fields.values()]
 
     def _layout(self) -> widgets.Widget:
-        row = lambda *ws: widgets.HBox(list(ws), layout=widgets.Layout(flex_flow="row wrap", align_items="center",
-                                                                        grid_gap="2px 14px"))
-        return widgets.VBox([
-            row(self.model, self.dp, self.tp, self.pp, self.zero),
-            row(self.schedule, self.micro_batches, self.stages_per_rank, self.recompute, self.precision),
-            row(self.batch_size, self.seq_len, self.lr, self.compression, self.offload),
-            row(self.ep, self.top_k, self.capacity_factor, self.aux_loss_coef),
-            row(self.apply_button, self.steps, self.train_button, self.stop_button, self.restart_button),
-            self.message, self.explain, self.status,
-        ], layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
+        row = lambda ws: widgets.HBox(list(ws), layout=widgets.Layout(flex_flow="row wrap", align_items="center",
+                                                                       grid_gap="2px 14px"))
+        members: dict[str, list[widgets.Widget]] = {"layout": [self.model]}
+        for control in CONTROLS:
+            members.setdefault(control.line, []).append(self.fields[control.name])
+        self.lines = {name: row(ws) for name, ws in members.items()}
+        """The lines of inputs by the name the table gives them."""
+        buttons = (self.apply_button, self.steps, self.train_button, self.stop_button, self.restart_button)
+        return widgets.VBox([*self.lines.values(), row(buttons), self.message, self.explain, self.status],
+                            layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
 
     # -- inputs → Config ------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
-        """The Config keyword arguments the inputs describe."""
-        return dict(model=self._model(), ep=self.ep.value, dp=self.dp.value, tp=self.tp.value, pp=self.pp.value,
-                    zero=self.zero.value, schedule=self.schedule.value, micro_batches=self.micro_batches.value,
-                    stages_per_rank=self.stages_per_rank.value, activation_checkpointing=self.recompute.value,
-                    precision=self.precision.value, batch_size=self.batch_size.value, seq_len=self.seq_len.value,
-                    lr=self.lr.value, compression=self.compression.value, offload=self.offload.value, **self._kept)
+        """The Config keyword arguments the inputs describe (raises ConfigError for an impossible model edit)."""
+        said = self._said()
+        changes: dict[str, Any] = {}
+        for control in CONTROLS:
+            if control.active(said):  # an input that does not apply leaves its field as shown
+                _put(changes, control.path, self.fields[control.name].value)
+        kwargs = {f.name: getattr(self._shown, f.name) for f in dataclasses.fields(self._shown)}
+        kwargs["model"] = said.model
+        for name, value in changes.items():
+            kwargs[name] = _assemble(kwargs[name], value, name) if isinstance(value, dict) else value
+        return kwargs
 
-    def _model(self) -> ModelConfig:
-        """The chosen model, with the routing inputs applied when it is a mixture of experts."""
-        model = self._models[self.model.value]
-        if not model.n_experts:
-            return model
-        try:
-            return dataclasses.replace(model, top_k=self.top_k.value, capacity_factor=self.capacity_factor.value,
-                                       aux_loss_coef=self.aux_loss_coef.value)
-        except ConfigError:
-            raise
-        except Exception as e:  # noqa: BLE001 - e.g. an empty number field: said inline like any refusal
-            raise ConfigError(f"model: {e}") from e
+    def _said(self, model: ModelConfig | None = None) -> Values:
+        """Every input's value by Config field (the chosen model as it is), to decide what applies and explain it."""
+        said = {f.name: getattr(self._shown, f.name) for f in dataclasses.fields(self._shown)}
+        said["model"] = model or self._models[self.model.value]
+        for control in CONTROLS:
+            if len(control.path) == 1:
+                said[control.path[0]] = self.fields[control.name].value
+        return Values(**said)
 
-    def set_config(self, cfg: Config) -> None:
-        """Show `cfg` in the inputs (validated like any user change)."""
+    def _model_name(self, cfg: Config) -> str:
+        """The model dropdown's entry for cfg's model (a new "current (custom)" entry when it is no preset)."""
         name = next((n for n, m in self._models.items() if _same_but_routing(m, cfg.model)), None)
         if name is None:
             name = "current (custom)"
             self._models[name] = cfg.model
-            self.model.options = list(self._models)
-        self._kept = {"weight_decay": cfg.weight_decay, "seed": cfg.seed, "powersgd_rank": cfg.powersgd_rank}
+            if hasattr(self, "model"):
+                self.model.options = list(self._models)
+        return name
+
+    def _show_values(self, cfg: Config) -> None:
+        for control in CONTROLS:
+            widget, value = self.fields[control.name], read(cfg, control.path)
+            options = getattr(widget, "options", None)
+            if options is not None and value not in [o[1] if isinstance(o, tuple) else o for o in options]:
+                continue  # e.g. a degree this pool cannot offer: the widget keeps its own
+            widget.value = value
+
+    def set_config(self, cfg: Config) -> None:
+        """Show `cfg` in the inputs (validated like any user change)."""
+        self._shown = cfg
+        name = self._model_name(cfg)
         with self.model.hold_trait_notifications():
-            for widget, value in ((self.model, name), (self.dp, cfg.dp), (self.tp, cfg.tp), (self.pp, cfg.pp),
-                                  (self.zero, cfg.zero), (self.schedule, cfg.schedule),
-                                  (self.micro_batches, cfg.micro_batches), (self.stages_per_rank, cfg.stages_per_rank),
-                                  (self.recompute, cfg.activation_checkpointing), (self.precision, cfg.precision),
-                                  (self.batch_size, cfg.batch_size), (self.seq_len, cfg.seq_len), (self.lr, cfg.lr),
-                                  (self.compression, cfg.compression), (self.offload, cfg.offload),
-                                  (self.ep, cfg.ep if cfg.ep in self.ep.options else 1),
-                                  *((getattr(self, f), getattr(cfg.model, f)) for f in _ROUTING)):
-                widget.value = value
+            self.model.value = name
+            self._show_values(cfg)
         self.validate()
 
     def _on_input(self, _change: dict) -> None:
@@ -194,11 +170,9 @@ class Controls:
             self.config, self.error = None, f"cannot check this layout: {e}"
         else:
             self.config, self.error = cfg, None
-        self.schedule.disabled = self.pp.value == 1
-        self.stages_per_rank.disabled = self.pp.value == 1 or self.schedule.value != "interleaved_1f1b"
-        dense = not self._models[self.model.value].n_experts
-        for widget in (self.top_k, self.capacity_factor, self.aux_loss_coef):
-            widget.disabled = dense  # routing settings of a mixture of experts; a dense model has none
+        said = self._said(self.config.model if self.config is not None else None)
+        for control in CONTROLS:
+            self.fields[control.name].disabled = not control.active(said)
         self._show()
         return self.config
 
@@ -320,17 +294,8 @@ class Controls:
         self.status.value = self._status_line()
 
     def _explanation(self) -> str:
-        lines = [ZERO_HELP[self.zero.value]]
-        if self.pp.value > 1:
-            lines.append(SCHEDULE_HELP[self.schedule.value])
-        lines.append(RECOMPUTE_HELP[self.recompute.value])
-        if self.compression.value != "none":
-            lines.append(COMPRESSION_HELP[self.compression.value])
-        if self.offload.value:
-            lines.append(OFFLOAD_HELP)
-        if self.config is not None and self.config.model.n_experts:
-            lines.append(MOE_HELP.format(cfg=self.config, m=self.config.model,
-                                         capacity=self.config.model.expert_capacity(self.config.seq_len)))
+        said = self._said(self.config.model if self.config is not None else None)
+        lines = [line for control in CONTROLS if (line := control.help(said))]
         return "<div style='color:#444;font-size:12px;line-height:1.35'>" + "<br>".join(
             "ℹ " + html.escape(line, quote=False) for line in lines) + "</div>"
 
@@ -347,9 +312,23 @@ class Controls:
         return "<div style='font-size:12px'>" + " · ".join(parts) + "</div>"
 
 
-MOE_HELP = ("mixture of experts: {m.n_experts} experts, top-{m.top_k}, each expert takes at most {capacity} of a "
-            "sequence's assignments (capacity factor {m.capacity_factor}); ep={cfg.ep}: "
-            "experts split over that many dp ranks, tokens sent to them by all-to-all")
+def _put(changes: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Record `value` for the field at `path` in a nested dict of changes."""
+    for name in path[:-1]:
+        changes = changes.setdefault(name, {})
+    changes[path[-1]] = value
+
+
+def _assemble(base: Any, changes: dict[str, Any], where: str) -> Any:
+    """`base` (a nested config, e.g. the chosen ModelConfig) with `changes` applied, validated once per object."""
+    nested = {k: _assemble(getattr(base, k), v, f"{where}.{k}") if isinstance(v, dict) else v
+              for k, v in changes.items()}
+    try:
+        return dataclasses.replace(base, **nested)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. an empty number field: said inline like any refusal
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def _same_but_routing(a: ModelConfig, b: ModelConfig) -> bool:
