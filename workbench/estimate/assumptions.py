@@ -36,3 +36,32 @@ ASSUMPTIONS = (
     "under ZeRO-0 and sharded over edp by FSDP2 under ZeRO-2/3; with tp > 1 a MoE FFN is whole on every tp rank "
     "and computes the gathered sequence there (replicated), its output sliced back to the rank's shard",
 )
+
+GPU_ASSUMPTIONS = (
+    "the run as CUDA kernels make it, for this engine's model: flash attention (SDPA) keeps its output and "
+    "log-sum-exp, never the seq² scores; RMSNorm is one fused kernel keeping its input and 1/rms; under tensor "
+    "parallel the projections keep their gathered inputs (DTensor's sequence parallel; Megatron re-gathers them)",
+    "precision: autocast keeps fp32 parameters, an fp32 residual stream and a 2-byte copy of every weight per "
+    "micro-batch in flight; FSDP2 mixed precision (Config.mixed_precision 'fsdp') gathers 2-byte parameters, "
+    "keeps fp32 shards and moments, runs the residual in 2 bytes, reduces in fp32 (or the compression's dtype)",
+    "recomputation: 'selective' and 'full' checkpoint whole blocks (their input kept); 'op' is torchtitan's "
+    "per-op policy (every other matmul output and the attention output kept; wk, wo, w3 and every elementwise "
+    "op recomputed, and under tp the sequence-parallel gathers)",
+    "memory peaks at the largest of five moments of the step (forward end, loss backward, first block's "
+    "backward, backward end, optimizer step), not at the sum of the categories; each category is reported at "
+    "its own peak; FSDP2 shards the parameters at rest at ZeRO 2 too",
+    "device memory: the caching allocator reserves its peak plus 15% free fragments (GMLake, ASPLOS 2024); the "
+    "CUDA context (~0.5 GiB) and NCCL's buffers (2 × 16 channels × 4 MiB per communicator) sit outside it",
+    "compute: every GEMM by shape (wave quantization over the SMs, a memory roofline) at the large-GEMM rate "
+    "measured on an H200 (790 of 989.5 TFLOP/s); flash attention at FlashAttention-2's published fraction of "
+    "peak; norms, rotary, activations, casts, the loss, FSDP2's copies and AdamW by the bytes they move at 90% "
+    "of HBM bandwidth; kernel launches and the host are taken to keep up",
+    "communication: every collective priced by workbench.links (NVLink inside a node, the network between, "
+    "ranks in mesh order); FSDP2's gathers and reduce-scatters hide behind their neighbouring unit's compute "
+    "(the first gather and the last reduce-scatter exposed); DDP's all-reduce behind the last backward; tensor "
+    "parallel, pipeline sends, expert all-to-alls and ZeRO-1's broadcast exposed; NCCL's kernels take nothing "
+    "from the compute they overlap",
+    "mixture of experts as on CPU: perfectly balanced routing, the expert GEMMs at their even share of tokens",
+    "not modelled: context parallel, async tensor parallel, CUDA graphs, activation offload, the tail of "
+    "fragmentation (a run can reserve more), NCCL's SM and memory-bandwidth contention with overlapped compute",
+)

@@ -1,19 +1,80 @@
-"""One collective summed over a step: its payload, the bytes it puts on a rank's busiest link, and their time."""
+"""One collective summed over a step: its payload, the bytes it puts on a rank's busiest link, and their time.
+
+Times come from the one link model, `workbench.links` (α-β per link tier, NVLink inside a node and the network
+between, ranks on nodes in mesh order), on GPU profiles; the CPU profile's ranks share one loopback link whose
+measured gloo bus bandwidth prices every byte (no latency term), as the CPU runs measure it.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+from workbench import links
+from workbench.config import Config
 from workbench.estimate.records import Axis, Collective, CollectiveKind, Role
 from workbench.hardware import Hardware
 from workbench.telemetry.analysis import bus_factor
 
+_MESH_DIMS: dict[str, tuple[str, ...]] = {"dp": ("edp", "ep"), "edp": ("edp",), "ep": ("ep",), "tp": ("tp",),
+                                          "pp": ("pp",)}
+"""Which dims of the mesh each axis's groups span: dp is edp and ep flattened (engine/mesh.py)."""
 
-def collective(hw: Hardware, axis: Axis, kind: CollectiveKind, role: Role, what: str, calls: int, payload: float,
-               group: int, hidden_by: float = 0.0) -> Collective:
-    """`calls` collectives of `payload` bytes each (the whole gathered or reduced data) among `group` ranks;
-    `hidden_by` seconds of computation run beside them."""
+
+@dataclass(frozen=True)
+class Network:
+    """How long one call of a collective takes on a layout's mesh, on a hardware profile."""
+
+    hw: Hardware
+    shape: tuple[tuple[str, int], ...]
+    """The mesh, outermost first, as DeviceMesh lays ranks out: pp, edp, ep, tp."""
+    topology: links.Topology | None
+    """The cluster the ranks fill in mesh order (None: the CPU profile's one loopback link)."""
+
+    def call_time(self, kind: CollectiveKind, axis: Axis, payload: float, group: int, stage: int) -> float:
+        """Seconds one call of `kind` with `payload` bytes takes among the `group` ranks of `axis` holding the
+        first rank of pipeline stage `stage`."""
+        if self.topology is None:
+            return payload * bus_factor("send" if kind == "send_recv" else kind, group) / self.hw.link_bw
+        first = stage * math.prod(size for name, size in self.shape if name != "pp")
+        if kind == "send_recv":
+            # A stage sends to the next one (the same position in the next pp slice of the mesh).
+            peer = first + math.prod(size for name, size in self.shape if name != "pp")
+            peer = peer if peer < self.topology.world_size else first - (peer - first)
+            return links.collective_time("send", payload, (first, peer), self.topology)
+        ranks = links.mesh_group(self.shape, _MESH_DIMS[axis], first)
+        return links.collective_time(kind, payload, ranks, self.topology)
+
+
+def network(cfg: Config, hw: Hardware) -> Network:
+    shape = (("pp", cfg.pp), ("edp", cfg.dp // cfg.ep), ("ep", cfg.ep), ("tp", cfg.tp))
+    if hw.kind == "cpu" or not hw.cluster:
+        return Network(hw, shape, None)
+    per_node = min(hw.gpus_per_node, cfg.world_size)
+    topology = links.preset(hw.cluster, nodes=-(-cfg.world_size // per_node), gpus_per_node=per_node)
+    return Network(hw, shape, topology)
+
+
+def collective(net: Network, stage: int, axis: Axis, kind: CollectiveKind, role: Role, what: str, calls: int,
+               payload: float, group: int, hidden_by: float = 0.0, per_call: bool = False) -> Collective:
+    """`calls` collectives of `payload` bytes each (the whole gathered or reduced data) among `group` ranks.
+
+    hidden_by: seconds of computation running beside them. per_call: that window is each call's own (a unit's
+    compute beside its prefetched gather, or its neighbour's beside its reduce-scatter): then one call is
+    always exposed (the first gather, the last reduce-scatter) and each other one hides behind its window.
+    """
     nbytes = payload * calls
     # send_recv counts this rank's sends; links are full duplex, so what it receives takes nothing from them.
     wire = nbytes * bus_factor("send" if kind == "send_recv" else kind, group)
-    time_s = wire / hw.link_bw
+    if net.topology is None:
+        time_s = wire / net.hw.link_bw
+        one = time_s / calls if calls else 0.0
+    else:
+        one = net.call_time(kind, axis, payload, group, stage) if calls else 0.0
+        time_s = one * calls
+    if per_call:
+        exposed = one + (calls - 1) * max(0.0, one - hidden_by) if calls else 0.0
+    else:
+        exposed = max(0.0, time_s - hidden_by)
     return Collective(axis=axis, kind=kind, role=role, what=what, calls=calls, bytes=round(nbytes),
-                      wire_bytes=round(wire), time_s=time_s, exposed_s=max(0.0, time_s - hidden_by))
+                      wire_bytes=round(wire), time_s=time_s, exposed_s=exposed)

@@ -4,33 +4,32 @@ from __future__ import annotations
 
 import math
 
-from workbench.estimate.collectives import collective
+from workbench.estimate.collectives import Network, collective
 from workbench.estimate.records import Collective, Role
 from workbench.estimate.stage import Stage
-from workbench.hardware import Hardware
 
 QUANT_BLOCK = {"int8": 256, "1bit": 2048}
 """Values per scale, as workbench.engine.parallel.quantize uses them (kept here: no torch import)."""
 
 
-def compressed_sync(st: Stage, hw: Hardware, buckets: list[int], hidden_by: float) -> list[Collective]:
+def compressed_sync(st: Stage, net: Network, buckets: list[int], hidden_by: float) -> list[Collective]:
     """DDP's gradient sync under a compression hook (zero 0/1, tp = 1; Config refuses the rest), for DDP's
     gradient buckets of `buckets` bytes each."""
     cfg = st.cfg
     grads, n = sum(buckets), len(buckets)
     if cfg.compression in ("fp16", "bf16"):
-        return [collective(hw, "dp", "all_reduce", Role.GRADIENT_SYNC, f"gradients ({cfg.compression})", n,
+        return [collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC, f"gradients ({cfg.compression})", n,
                            grads / 2 / n, cfg.dp, hidden_by=hidden_by)]
     if cfg.compression == "powersgd":
         sent = sum(powersgd_elements(shape, cfg.powersgd_rank) for shape in parameter_shapes(st))
-        return [collective(hw, "dp", "all_reduce", Role.GRADIENT_SYNC,
+        return [collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC,
                            f"gradients (PowerSGD rank {cfg.powersgd_rank})", 3 * n, 4 * sent / (3 * n), cfg.dp,
                            hidden_by=hidden_by)]
     payload = sum(quantized_bucket_bytes(b // 4, cfg.dp, cfg.compression) for b in buckets)
     # Two phases per bucket, each moving the whole quantised bucket: all_to_all, then all_gather.
-    return [collective(hw, "dp", "all_to_all", Role.GRADIENT_SYNC, f"gradients ({cfg.compression}, phase 1)", n,
+    return [collective(net, st.rank, "dp", "all_to_all", Role.GRADIENT_SYNC, f"gradients ({cfg.compression}, phase 1)", n,
                        payload / n, cfg.dp, hidden_by=hidden_by),
-            collective(hw, "dp", "all_gather", Role.GRADIENT_SYNC, f"gradients ({cfg.compression}, phase 2)", n,
+            collective(net, st.rank, "dp", "all_gather", Role.GRADIENT_SYNC, f"gradients ({cfg.compression}, phase 2)", n,
                        payload / n, cfg.dp, hidden_by=hidden_by)]
 
 

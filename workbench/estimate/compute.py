@@ -6,6 +6,12 @@ from workbench.estimate.stage import Stage
 from workbench.flops import matmul_params, moe_matmul_delta
 
 
+def op_recomputed_params(m) -> int:
+    """Weight elements of the matmuls the per-op policy recomputes in a block (torchtitan's "op": the 2nd, 4th
+    and 6th mm of wq, wk, wv, wo, w1, w3, w2: wk, wo, w3)."""
+    return m.dim * m.kv_heads * m.head_dim + m.n_heads * m.head_dim * m.dim + m.dim * m.hidden_dim
+
+
 def executed_flops(st: Stage) -> float:
     """FLOPs one rank of this stage executes per step: forward and backward of its blocks (and the head on the
     last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp."""
@@ -15,6 +21,9 @@ def executed_flops(st: Stage) -> float:
     block_train = 3 * (2 * block_full + attn_fwd)
     recompute = 2 * block_full + attn_fwd
     per_token = len(st.layers) * block_train + st.checkpointed * recompute + st.last * 3 * 2 * head_full
+    if cfg.activation_checkpointing == "op":
+        # The per-op policy recomputes every other matmul of each block: wk, wo and w3.
+        per_token += len(st.layers) * 2 * op_recomputed_params(m)
     replicated = 0  # per token, computed whole on every tp rank
     if m.n_experts:
         # A MoE FFN runs the router, top_k experts and the shared expert, replicated over tp, instead of the dense

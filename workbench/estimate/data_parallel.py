@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
-from workbench.estimate.collectives import collective
+from workbench.estimate.collectives import Network, collective
 from workbench.estimate.compression import compressed_sync
+from workbench.estimate.options import Dtypes
 from workbench.estimate.records import Collective, Role
 from workbench.estimate.stage import Stage
-from workbench.hardware import Hardware
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default gradient bucket (bucket_cap_mb=25): one all-reduce per bucket."""
@@ -43,13 +43,21 @@ def dp_buffers(st: Stage) -> int:
     return gathered + grads_before_sync
 
 
-def dp_comm(st: Stage, hw: Hardware, step_compute_s: float, backward_mb_s: float) -> list[Collective]:
-    """The dp axis's collectives per step: the gradient sync, and ZeRO's parameter traffic."""
+def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward_mb_s: float,
+            per_unit: tuple[float, float] | None = None) -> list[Collective]:
+    """The dp axis's collectives per step: the gradient sync, and ZeRO's parameter traffic.
+
+    The gradient all-reduce hides behind the last micro-batch's backward (`backward_mb_s`). FSDP2's gathers hide
+    behind the compute outside the sync window and its reduce-scatters behind that window, or, given
+    `per_unit` (forward, backward seconds of one unit's compute per micro-batch: the GPU model), each call
+    behind its own unit's compute, the first gather and the last reduce-scatter exposed.
+    """
     cfg = st.cfg
     if cfg.dp == 1:
         return []
     # With ep > 1 the expert slices are synchronised over edp (`expert.ep_comm`), the rest over dp.
-    grads = 4 * (st.params - (st.expert_params if cfg.ep > 1 else 0))
+    local = st.params - (st.expert_params if cfg.ep > 1 else 0)
+    grads = 4 * local
     m, units = cfg.micro_batches, len(st.layers) + (st.root > 0)
     if cfg.zero <= 1:
         if cfg.tp > 1:
@@ -57,33 +65,37 @@ def dp_comm(st: Stage, hw: Hardware, step_compute_s: float, backward_mb_s: float
         else:
             calls, what = 1 + math.ceil(max(0, grads - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES), "gradients"
         if cfg.compression != "none":
-            out = compressed_sync(st, hw, ddp_buckets(grads), backward_mb_s)
+            out = compressed_sync(st, net, ddp_buckets(grads), backward_mb_s)
         else:
-            out = [collective(hw, "dp", "all_reduce", Role.GRADIENT_SYNC, what, calls, grads / calls, cfg.dp,
-                              hidden_by=backward_mb_s)]
+            out = [collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC, what, calls, grads / calls,
+                              cfg.dp, hidden_by=backward_mb_s)]
         if cfg.zero == 1:
             # ZeroRedundancyOptimizer broadcasts each updated parameter tensor from the rank that owns it.
-            out.append(collective(hw, "dp", "broadcast", Role.PARAMETER_BROADCAST, "updated parameters (ZeRO-1)",
-                                  st.tensors, grads / st.tensors, cfg.dp))
+            out.append(collective(net, st.rank, "dp", "broadcast", Role.PARAMETER_BROADCAST,
+                                  "updated parameters (ZeRO-1)", st.tensors, grads / st.tensors, cfg.dp))
         return out
     sync_each_mb = cfg.pp == 1
     syncs = m if sync_each_mb else 1
     sync_window = backward_mb_s * syncs
     rest = max(0.0, step_compute_s - sync_window)
     half = cfg.compression in ("fp16", "bf16")  # FSDP2's reduce_dtype
+    gathered = dt.gathered * local  # what one gather of every unit brings (fp32, or the compute dtype under MP)
     if cfg.zero == 2:
         gathers = m if sync_each_mb else 1
-        gather_bytes, gather_calls = grads * gathers, units * gathers
+        gather_bytes, gather_calls = gathered * gathers, units * gathers
     else:
         # Each micro-batch gathers every unit for forward and all but the root again for backward.
-        gather_bytes = m * (2 * grads - 4 * st.root)
+        gather_bytes = m * (2 * gathered - dt.gathered * st.root)
         gather_calls = m * (2 * units - (st.root > 0))
+    gather_window, scatter_window = per_unit if per_unit else (rest, sync_window)
     return [
-        collective(hw, "dp", "all_gather", Role.PARAMETER_GATHER, f"parameters (ZeRO-{cfg.zero})", gather_calls,
-                   gather_bytes / gather_calls, cfg.dp, hidden_by=rest),
-        collective(hw, "dp", "reduce_scatter", Role.GRADIENT_SYNC,
+        collective(net, st.rank, "dp", "all_gather", Role.PARAMETER_GATHER, f"parameters (ZeRO-{cfg.zero})",
+                   gather_calls, gather_bytes / gather_calls, cfg.dp, hidden_by=gather_window,
+                   per_call=per_unit is not None),
+        collective(net, st.rank, "dp", "reduce_scatter", Role.GRADIENT_SYNC,
                    "gradients" + (f" ({cfg.compression})" if half else ""), units * syncs,
-                   grads / units / (2 if half else 1), cfg.dp, hidden_by=sync_window),
+                   grads / units / (2 if half else 1), cfg.dp, hidden_by=scatter_window,
+                   per_call=per_unit is not None),
     ]
 
 

@@ -6,10 +6,9 @@ capped by capacity), so every figure that depends on routing is its mean over ra
 
 from __future__ import annotations
 
-from workbench.estimate.collectives import collective
+from workbench.estimate.collectives import Network, collective
 from workbench.estimate.records import Collective, Role
 from workbench.estimate.stage import Stage
-from workbench.hardware import Hardware
 
 
 def assignments(st: Stage) -> int:
@@ -39,7 +38,7 @@ def moe_activations(st: Stage) -> int:
     return saved - round(4 * a * t * h / cfg.tp)  # the dense SwiGLU term, already in the block's
 
 
-def ep_comm(st: Stage, hw: Hardware) -> list[Collective]:
+def ep_comm(st: Stage, net: Network) -> list[Collective]:
     """Expert parallel: per MoE layer and micro-batch, the router counts go out by all-to-all, then the tokens
     and their outputs (forward), their gradients (backward), and the forward's again when recomputed; the
     expert slices' gradient sync over edp."""
@@ -53,17 +52,17 @@ def ep_comm(st: Stage, hw: Hardware) -> list[Collective]:
     # the gradients of both the same way.
     calls = mb * (2 * forwards + 2 * moe)
     payload = mb * (forwards * kept * m.dim * (4 + a) + moe * kept * m.dim * (4 + a))
-    out = [collective(hw, "ep", "all_to_all", Role.TOKEN_DISPATCH, "routed tokens and their gradients", calls,
+    out = [collective(net, st.rank, "ep", "all_to_all", Role.TOKEN_DISPATCH, "routed tokens and their gradients", calls,
                       payload / calls, cfg.ep),
-           collective(hw, "ep", "all_to_all", Role.ROUTER_COUNTS, "router counts per expert", mb * forwards,
+           collective(net, st.rank, "ep", "all_to_all", Role.ROUTER_COUNTS, "router counts per expert", mb * forwards,
                       8 * m.n_experts, cfg.ep)]
     edp = cfg.dp // cfg.ep
     if edp > 1:
         per_layer = 4 * st.expert_params // moe
         if cfg.zero == 0:
-            out.append(collective(hw, "edp", "all_reduce", Role.EXPERT_GRADIENT_SYNC,
+            out.append(collective(net, st.rank, "edp", "all_reduce", Role.EXPERT_GRADIENT_SYNC,
                                   "expert gradients (per micro-batch)", 3 * moe * mb, per_layer / 3, edp))
         else:
-            out.append(collective(hw, "edp", "reduce_scatter", Role.EXPERT_GRADIENT_SYNC, "expert gradients",
+            out.append(collective(net, st.rank, "edp", "reduce_scatter", Role.EXPERT_GRADIENT_SYNC, "expert gradients",
                                   moe * mb, per_layer, edp))
     return out

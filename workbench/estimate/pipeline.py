@@ -6,10 +6,9 @@ from __future__ import annotations
 import functools
 
 from workbench.engine.parallel.schedule_grid import rank_orders
-from workbench.estimate.collectives import collective
+from workbench.estimate.collectives import Network, collective
 from workbench.estimate.records import Collective, Role
 from workbench.estimate.stage import Stage
-from workbench.hardware import Hardware
 
 
 @functools.lru_cache(maxsize=128)
@@ -39,11 +38,11 @@ def receive_buffers(st: Stage) -> int:
     return st.boundaries * st.cfg.micro_batches * st.residual() if st.cfg.pp > 1 else 0
 
 
-def pp_comm(st: Stage, hw: Hardware) -> list[Collective]:
+def pp_comm(st: Stage, net: Network) -> list[Collective]:
     cfg = st.cfg
     if cfg.pp == 1:
         return []
     # Forward sends the fp32 residual stream on (sequence-sharded under tp); backward sends its gradient back.
     # Each boundary is crossed both ways: this rank sends as many activations and gradients as it receives.
-    return [collective(hw, "pp", "send_recv", Role.PIPELINE, "activations and their gradients",
+    return [collective(net, st.rank, "pp", "send_recv", Role.PIPELINE, "activations and their gradients",
                        st.boundaries * cfg.micro_batches, st.residual(), 2)]

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from workbench.estimate.options import NO_FEATURES, Features
 from workbench.flops import flops_per_token
 
 if TYPE_CHECKING:
@@ -68,10 +69,28 @@ class Memory:
     """Bytes kept in host memory instead (Config.offload), not in `total`: zero 0/1, AdamW's moments, the fp32
     master copy and (on CUDA) a pinned gradient buffer of this rank's optimizer share; zero 2/3, FSDP2's
     CPUOffloadPolicy: the parameter and gradient shards and the moments."""
+    allocated: int = 0
+    """GPU: the most bytes tensors hold at once, following the order the step allocates and frees them (each
+    category above is its own peak, and they do not all peak together). 0 on the CPU model, whose peak is the
+    sum of the categories."""
+    reserved: int = 0
+    """GPU: what torch's caching allocator reserves at that peak (`allocated` and its free fragments): the
+    figure torch.cuda.max_memory_reserved and torchtitan's published memory read. 0 on the CPU model."""
+    runtime: int = 0
+    """GPU: device memory outside torch's allocator, the CUDA context and NCCL's buffers."""
+    peak_at: str = ""
+    """GPU: the moment of the step that holds `allocated` (e.g. "loss backward")."""
+
+    @property
+    def categories(self) -> int:
+        """The sum of the categories, each at its own peak."""
+        return self.parameters + self.gradients + self.optimizer + self.buffers + self.activations + self.other
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.buffers + self.activations + self.other
+        """What the device must hold: on GPU the allocator's reserve and the memory outside it; on the CPU model
+        the sum of the categories."""
+        return (self.reserved or self.categories) + self.runtime
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,8 @@ class StageEstimate:
     compute_s: float
     """This rank's own compute per step, without pipeline bubbles."""
     comm: tuple[Collective, ...]
+    compute_split: tuple[tuple[str, float], ...] = ()
+    """GPU: compute_s by kind of kernel ("gemm", "attention", "memory-bound", "optimizer"); () on CPU."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -132,6 +153,8 @@ class Estimate:
     compute_s: float
     """Compute per step on the slowest stage, pipeline bubble included."""
     assumptions: tuple[str, ...] = ()
+    features: Features = NO_FEATURES
+    """Published-run settings beyond the engine that this estimate modelled (`options.Features`)."""
 
     @property
     def peak_stage(self) -> StageEstimate:
@@ -150,6 +173,11 @@ class Estimate:
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.hardware.memory_bytes
+
+    @property
+    def headroom(self) -> int:
+        """Device bytes left at the peak (negative: how much is missing)."""
+        return round(self.hardware.memory_bytes - self.memory.total)
 
     @property
     def comm(self) -> tuple[Collective, ...]:
