@@ -48,8 +48,8 @@ def test_refusals_name_the_field_and_the_fix(changes, field, fix):
 @pytest.mark.parametrize("changes, field", [
     (dict(dim=130, n_heads=4), "model.n_heads"),
     (dict(n_heads=4, n_kv_heads=3), "model.n_kv_heads"),
-    (dict(dim=0), "dim"),
-    (dict(n_layers=-1), "n_layers"),
+    (dict(dim=0), "model.dim"),
+    (dict(n_layers=-1), "model.n_layers"),
 ])
 def test_model_shapes_are_checked_too(changes, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):

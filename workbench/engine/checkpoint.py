@@ -59,6 +59,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
 from workbench.engine.expert_state import as_global, as_held, expert_names, global_target
+from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.expert import is_expert_slice, param_of_key
 from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
@@ -125,7 +126,7 @@ def state_dict(trainer: Trainer) -> dict[str, Any]:
 
 def _ep_mesh(trainer: Trainer) -> Any:
     """The "ep" axis of the trainer's mesh; None at ep=1 (the mesh has no such axis)."""
-    return trainer.mesh["ep"] if trainer.cfg.ep > 1 else None
+    return mesh_axis(trainer.mesh, trainer.cfg, "ep")
 
 
 def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
+from workbench.engine.mesh import mesh_axis
 from workbench.engine.model import Transformer
 from workbench.engine.parallel.data_parallel import apply_dp
 from workbench.engine.parallel.expert import apply_ep
@@ -33,4 +34,4 @@ def parallelize(model: Transformer, mesh: DeviceMesh, cfg: Config) -> nn.Module:
     model = apply_tp(model, mesh["tp"], cfg)
     model = apply_ep(model, mesh, cfg)
     model = apply_ac(model, mesh, cfg)
-    return apply_dp(model, mesh["dp"], cfg, expert_mesh=mesh["edp"] if cfg.ep > 1 else None)
+    return apply_dp(model, mesh["dp"], cfg, expert_mesh=mesh_axis(mesh, cfg, "edp"))

@@ -1,0 +1,38 @@
+"""What each choice means, in a sentence the controls, the notebooks and the docs show beside it.
+
+Keyed by the field's values (`SCHEDULE_HELP["1f1b"]`), so a table of controls
+can offer exactly the choices that have a text; importable as
+`workbench.config.SCHEDULE_HELP` and friends.
+"""
+
+from __future__ import annotations
+
+SCHEDULE_HELP = {
+    "gpipe": "GPipe: all forwards, then all backwards; simple, holds every micro-batch's activations",
+    "1f1b": "1F1B: one forward, one backward in steady state; same bubble as GPipe, at most pp micro-batches of activations",
+    "interleaved_1f1b": "interleaved 1F1B: several smaller stages per rank; the bubble shrinks by that factor",
+}
+ZERO_HELP = {
+    0: "ZeRO 0 = DDP: every rank holds all parameters, gradients and optimizer state; gradients all-reduced",
+    1: "ZeRO 1 = DDP + ZeroRedundancyOptimizer: optimizer state sharded across dp ranks",
+    2: "ZeRO 2 = FSDP2 without resharding after forward: gradients and optimizer state sharded",
+    3: "ZeRO 3 = FSDP2: parameters, gradients and optimizer state sharded; parameters gathered per layer",
+}
+COMPRESSION_HELP = {
+    "none": "no compression: gradients all-reduced (zero 0/1) or reduce-scattered (zero 2/3) in fp32",
+    "fp16": "gradients sent in fp16: half the bytes (DDP's fp16_compress_hook; FSDP2's reduce_dtype)",
+    "bf16": "gradients sent in bf16: half the bytes, fp32's range (DDP's bf16_compress_hook; FSDP2's reduce_dtype)",
+    "powersgd": "PowerSGD (zero 0/1): each gradient matrix sent as a rank-r product, with error feedback",
+    "int8": "int8 with a scale per 256 values (zero 0/1): about 1/4 of the bytes, with error feedback",
+    "1bit": "signs with a scale per 2048 values (zero 0/1): about 1/32 of the bytes, with error feedback",
+}
+OFFLOAD_HELP = (
+    "ZeRO-Offload: AdamW's moments live in host memory and the optimizer step runs on the host. zero 0/1: a "
+    "host AdamW over fp32 master copies, parameters copied back to the device; zero 2/3: FSDP2's "
+    "CPUOffloadPolicy, which also keeps the parameter and gradient shards on the host between uses"
+)
+RECOMPUTE_HELP = {
+    "none": "no activation checkpointing: every activation kept for backward",
+    "selective": "checkpoint every other transformer block: less memory, some recomputation",
+    "full": "checkpoint every transformer block: least activation memory, one extra forward",
+}
