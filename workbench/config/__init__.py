@@ -17,15 +17,29 @@ from the hint); a rule that relates it to other fields is one function in
 needs nothing.
 """
 
-from workbench.config.choices import Compression, Precision, Recompute, Schedule, checkpointed_blocks
+from workbench.config.choices import (
+    Compression,
+    MixedPrecision,
+    Precision,
+    Recompute,
+    Schedule,
+    checkpointed_blocks,
+)
 from workbench.config.degrees import Degrees, MeshLayout, divisors
-from workbench.config.help_text import COMPRESSION_HELP, OFFLOAD_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP
+from workbench.config.help_text import (
+    COMPRESSION_HELP,
+    MIXED_PRECISION_HELP,
+    OFFLOAD_HELP,
+    RECOMPUTE_HELP,
+    SCHEDULE_HELP,
+    ZERO_HELP,
+)
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import ConfigError
 from workbench.config.run import Config
 
 __all__ = [
-    "COMPRESSION_HELP", "OFFLOAD_HELP", "PRESETS", "RECOMPUTE_HELP", "SCHEDULE_HELP", "ZERO_HELP", "Compression",
+    "COMPRESSION_HELP", "MIXED_PRECISION_HELP", "MixedPrecision", "OFFLOAD_HELP", "PRESETS", "RECOMPUTE_HELP", "SCHEDULE_HELP", "ZERO_HELP", "Compression",
     "Config", "ConfigError", "Degrees", "MeshLayout", "ModelConfig", "Precision", "Recompute", "Schedule",
     "checkpointed_blocks", "divisors",
 ]

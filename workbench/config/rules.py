@@ -81,6 +81,17 @@ def offload_has_plain_parameters(cfg: Config) -> None:
                      "zero 0/1 holds plain tensors, not tensor-parallel DTensors)", "set tp=1 or offload=False")
 
 
+def fsdp_mixed_precision_has_its_setting(cfg: Config) -> None:
+    if cfg.mixed_precision != "fsdp":
+        return
+    if cfg.zero < 2:
+        raise refuse("mixed_precision", f"'fsdp' is FSDP2's MixedPrecisionPolicy, and zero={cfg.zero} is not "
+                     "FSDP2", 'use zero=2 or 3, or mixed_precision="autocast"')
+    if cfg.precision != "bf16":
+        raise refuse("mixed_precision", f"'fsdp' casts the parameters to bf16 for compute; precision="
+                     f"{cfg.precision!r}", 'set precision="bf16", or mixed_precision="autocast"')
+
+
 RULES: tuple[Callable[[Config], None], ...] = (
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,
@@ -88,6 +99,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     zero_has_ranks_to_shard_over,
     compression_has_a_sync_to_compress,
     offload_has_plain_parameters,
+    fsdp_mixed_precision_has_its_setting,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""
 

@@ -7,7 +7,7 @@ one rank's frozen `Stage` shape; `predict.estimate` puts them together. Everythi
 `ASSUMPTIONS` and printed with each estimate.
 """
 
-from workbench.estimate.assumptions import ASSUMPTIONS
+from workbench.estimate.assumptions import ASSUMPTIONS, GPU_ASSUMPTIONS
 from workbench.estimate.compression import quantized_bucket_bytes
 from workbench.estimate.data_parallel import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
 from workbench.estimate.model_state import (
@@ -17,11 +17,12 @@ from workbench.estimate.model_state import (
     model_state_memory,
     zero_paper_memory,
 )
+from workbench.estimate.options import Features
 from workbench.estimate.predict import estimate, grad_sync_bytes_per_step
 from workbench.estimate.records import Collective, Estimate, Memory, Role, StageEstimate
 from workbench.flops import flops_per_token
 
-__all__ = ["ASSUMPTIONS", "Collective", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "ENGINE_STATE_BYTES",
+__all__ = ["ASSUMPTIONS", "GPU_ASSUMPTIONS", "Features", "Collective", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "ENGINE_STATE_BYTES",
            "Estimate", "Memory", "Role", "StageEstimate", "StateBytes", "ZERO_PAPER_STATE_BYTES", "estimate",
            "flops_per_token", "grad_sync_bytes_per_step", "model_state_memory", "quantized_bucket_bytes",
            "zero_paper_memory"]

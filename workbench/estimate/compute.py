@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workbench.estimate.stage import Stage
-from workbench.flops import matmul_params, moe_matmul_delta
+from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_active_ffn_params
 
 
 def op_recomputed_params(m) -> int:
@@ -16,7 +16,7 @@ def executed_flops(st: Stage) -> float:
     """FLOPs one rank of this stage executes per step: forward and backward of its blocks (and the head on the
     last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp."""
     cfg, m = st.cfg, st.cfg.model
-    block_full, head_full = matmul_params(m)
+    block_full, head_full = block_matmul_params(m), head_params(m)
     attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
     block_train = 3 * (2 * block_full + attn_fwd)
     recompute = 2 * block_full + attn_fwd
@@ -28,8 +28,7 @@ def executed_flops(st: Stage) -> float:
     if m.n_experts:
         # A MoE FFN runs the router, top_k experts and the shared expert, replicated over tp, instead of the dense
         # SwiGLU's 1/tp; its forward runs again where the block is checkpointed.
-        mlp = 3 * m.dim * m.hidden_dim
         runs = 3 * len(st.moe_layers) + sum(st.is_checkpointed(i) for i in st.moe_layers)
-        per_token -= runs * 2 * mlp
-        replicated = runs * 2 * (moe_matmul_delta(m) + mlp)
+        per_token -= runs * 2 * mlp_params(m)
+        replicated = runs * 2 * moe_active_ffn_params(m)
     return (per_token / cfg.tp + replicated) * st.tokens * cfg.micro_batches

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from workbench.hardware import Hardware
+from workbench.hardware import GEMM_EFFICIENCY, Hardware
 
 TILE = (128, 256)
 """Output tile (rows × columns) of cuBLAS's large bf16 GEMM kernels on Ampere and Hopper (the 256×128 tiles of
@@ -40,7 +40,7 @@ def wave_efficiency(hw: Hardware, rows: int, cols: int) -> float:
 
 def _intrinsic(hw: Hardware) -> float:
     """The large-GEMM fraction of peak with its measured shape's wave efficiency divided out."""
-    return hw.gemm_peak("bf16") / hw.peak("bf16") / wave_efficiency(hw, MEASURED_SHAPE, MEASURED_SHAPE)
+    return (hw.gemm_efficiency or GEMM_EFFICIENCY) / wave_efficiency(hw, MEASURED_SHAPE, MEASURED_SHAPE)
 
 
 def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: float) -> float:

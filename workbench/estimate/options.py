@@ -41,7 +41,7 @@ NO_FEATURES = Features()
 def fsdp_mixed_precision(cfg: Config) -> bool:
     """Whether FSDP2's MixedPrecisionPolicy casts the parameters for compute (bf16/fp16 under ZeRO 2/3 with
     Config.mixed_precision "fsdp"), instead of autocast casting them per use."""
-    return getattr(cfg, "mixed_precision", "autocast") == "fsdp" and cfg.zero >= 2 and cfg.precision != "fp32"
+    return cfg.mixed_precision == "fsdp"  # Config allows it only with bf16 under ZeRO 2/3
 
 
 @dataclass(frozen=True)

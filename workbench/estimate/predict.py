@@ -79,7 +79,8 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
     m, slots = cfg.micro_batches, cfg.micro_batches + (cfg.pp - 1) / config_stages(cfg)
     priced = [_stated(st, f, hw, cfg, efficiency) if efficiency else micro_batch_compute(st, dt, features, hw)
               for st, f in zip(shapes, flops)]
-    optimizer = [optimizer_time(st, hw) for st in shapes]
+    # A stated efficiency covers everything (the FLOPs model); the kernel model adds the optimizer's step.
+    optimizer = [0.0 if efficiency else optimizer_time(st, hw) for st in shapes]
     # Every stage advances in lockstep with the slowest one; the bubble adds (pp-1)/v idle micro-batch slots.
     compute_s = max(p.total for p in priced) * slots + max(optimizer)
     stages = []

@@ -25,15 +25,8 @@ from __future__ import annotations
 
 from workbench.estimate.expert import moe_activations
 from workbench.estimate.options import Dtypes, Features
+from workbench.estimate.recompute import input_only, op_block, policy
 from workbench.estimate.stage import Stage
-
-
-def policy(st: Stage, layer: int) -> str:
-    """How block `layer` keeps its activations: "none", "op" (per-op selective) or "block" (checkpointed)."""
-    mode = st.cfg.activation_checkpointing
-    if mode == "op":
-        return "op"
-    return "block" if st.is_checkpointed(layer) else "none"
 
 
 def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
@@ -45,21 +38,6 @@ def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
         + (m.dim if features.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
     copies = 2 * st.block_matmul if dt.weight_copies else 0
     return round(st.tokens * (sharded / tp + 2 * c * m.dim)) + copies
-
-
-def op_block(st: Stage, dt: Dtypes) -> int:
-    """Bytes a dense block keeps for one micro-batch under the per-op selective policy."""
-    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
-    kv = m.kv_heads * m.head_dim
-    sharded = r * m.dim + a * (m.dim + kv + m.hidden_dim) + a * m.dim + 4 * m.n_heads
-    if tp > 1:
-        sharded += 2 * a * m.dim  # the saved reduce-scatter outputs of wo and w2
-    return round(st.tokens * (sharded / tp + a * m.dim))
-
-
-def input_only(st: Stage, dt: Dtypes) -> int:
-    """A checkpointed block's input: the residual stream, sequence-sharded under tp."""
-    return -(-dt.residual * st.tokens * st.cfg.model.dim // st.cfg.tp)
 
 
 def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from workbench.config import Config, checkpointed_blocks
 from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, stages_of_rank
-from workbench.flops import matmul_params
+from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
 
 
 def ceil_div(a: float, b: int) -> int:
@@ -70,12 +70,19 @@ class Stage:
 
     @property
     def autocast(self) -> bool:
-        return self.cfg.precision in ("bf16", "fp16")
+        """Whether autocast casts per use (bf16/fp16, unless FSDP2 mixed precision casts the parameters)."""
+        return self.cfg.precision in ("bf16", "fp16") and self.cfg.mixed_precision != "fsdp"
 
     @property
     def act_bytes(self) -> int:
-        """Bytes per element of what autocast computes (matmul outputs): 2 under bf16/fp16, else 4."""
-        return 2 if self.autocast else 4
+        """Bytes per element of what the matmuls compute: 2 under bf16/fp16, else 4."""
+        return 2 if self.cfg.precision in ("bf16", "fp16") else 4
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes per element of the residual stream: 2 under FSDP2 mixed precision (bf16 parameters, bf16
+        embedding output), else 4 (fp32, also under autocast: the embedding's output and the adds are fp32)."""
+        return 2 if self.cfg.mixed_precision == "fsdp" else 4
 
     def is_checkpointed(self, layer: int) -> bool:
         return bool(checkpointed_blocks([layer], self.cfg.activation_checkpointing))
@@ -85,9 +92,9 @@ class Stage:
         return len(checkpointed_blocks(list(layers), self.cfg.activation_checkpointing))
 
     def residual(self) -> int:
-        """One micro-batch's fp32 residual stream, sequence-sharded under tp: what a checkpointed block keeps, and
-        what a pipeline stage receives and sends."""
-        return ceil_div(4 * self.tokens * self.cfg.model.dim, self.cfg.tp)
+        """One micro-batch's residual stream, sequence-sharded under tp: what a checkpointed block keeps, and what
+        a pipeline stage receives and sends."""
+        return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
 
 
 def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
@@ -96,19 +103,20 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
     stages = tuple(stages_of_rank(rank, cfg.pp, chunks))
     last_stage = cfg.pp * chunks - 1
     first, last = rank == 0, rank == cfg.pp - 1
-    block_full, _ = matmul_params(m)
     # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
-    block_matmul = block_full // tp
+    block_matmul = block_matmul_params(m) // tp
     block_params = block_matmul + 2 * m.dim
-    embedding = head = ceil_div(m.vocab_size, tp) * m.dim
+    embedding = ceil_div(m.vocab_size, tp) * m.dim
+    head = ceil_div(head_params(m), tp)
     root = first * embedding + last * (head + m.dim)
     # Mixture of experts: router, this rank's 1/ep of the stacked experts, the shared expert, all whole on every
     # tp rank, in place of the dense SwiGLU's 1/tp.
     moe_layers = tuple(i for i in layers if m.is_moe_layer(i))
-    mlp = 3 * m.dim * m.hidden_dim
+    mlp = mlp_params(m)
     expert_params = len(moe_layers) * m.n_experts // cfg.ep * mlp
-    params = len(layers) * block_params + root \
-        + len(moe_layers) * (m.dim * m.n_experts + m.shared_expert * mlp - mlp // tp) + expert_params
+    # The MoE FFN's other parameters (router, shared expert): its stored total less the experts.
+    moe_rest = moe_ffn_params(m) - m.n_experts * mlp
+    params = len(layers) * block_params + root + len(moe_layers) * (moe_rest - mlp // tp) + expert_params
     # Parameter tensors: 7 matrices and 2 norm weights per block; embedding; final norm and head; per MoE layer the
     # router (and the shared expert's three matrices).
     tensors = 9 * len(layers) + first + 2 * last + len(moe_layers) * (1 + 3 * m.shared_expert)

@@ -10,6 +10,7 @@ their forward's bytes (each reads its output's gradient and what it saved and wr
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from workbench.estimate.expert import assignments
@@ -82,20 +83,22 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
 
     gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = 0.0
     fwd_flops = attention_forward_flops(cfg.micro_batch_size, cfg.seq_len, m.n_heads // tp, m.head_dim)
-    for layer in st.layers:
-        how = policy(st, layer)
-        linears = attention_linears + ([] if m.is_moe_layer(layer) else mlp_linears)
-        for i, (fan_in, fan_out) in enumerate(linears):
+    # Blocks alike (same recomputation, dense or MoE) cost alike: price one of each kind, times how many.
+    kinds = Counter((policy(st, layer), m.is_moe_layer(layer)) for layer in st.layers)
+    for (how, moe), count in kinds.items():
+        fwd = bwd = 0.0
+        for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
             one = linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, backward=False)
-            gemm_fwd += one
-            gemm_bwd += linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, forward=False)
+            fwd += one
+            bwd += linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, forward=False)
             if how == "block" or (how == "op" and i in recomputed_op):
-                gemm_bwd += one
-        if m.is_moe_layer(layer):
-            fwd, bwd = _moe_gemms(st, hw, gemm_precision, gemm_bytes, how == "block")
-            gemm_fwd, gemm_bwd = gemm_fwd + fwd, gemm_bwd + bwd
-        attn_fwd += attention_time(hw, cfg.precision, fwd_flops, backward=False)
-        attn_bwd += attention_time(hw, cfg.precision, fwd_flops, forwards=int(how == "block"))
+                bwd += one
+        if moe:
+            moe_fwd, moe_bwd = _moe_gemms(st, hw, gemm_precision, gemm_bytes, how == "block")
+            fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
+        gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
+        attn_fwd += count * attention_time(hw, cfg.precision, fwd_flops, backward=False)
+        attn_bwd += count * attention_time(hw, cfg.precision, fwd_flops, forwards=int(how == "block"))
     if st.last:
         vocab = -(-m.vocab_size // tp)
         gemm_fwd += linear_time(hw, cfg.precision, t, d, vocab, a, backward=False)

@@ -266,7 +266,7 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     stages: list[_TimedStage] = []
     for stage_id in stages_of_rank(pp_rank, pp, per_rank):
         chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
-        if cfg.precision in _AUTOCAST_DTYPES:
+        if cfg.precision in _AUTOCAST_DTYPES and cfg.mixed_precision != "fsdp":  # FSDP2 casts under "fsdp"
             autocast_forward(chunk, device.type, _AUTOCAST_DTYPES[cfg.precision])
         if parallelize_chunk is not None:
             chunk = parallelize_chunk(chunk)
