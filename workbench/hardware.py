@@ -170,6 +170,15 @@ def profile(name: str) -> Hardware:
                          "or pass a Hardware(...)") from None
 
 
+def cpu_with_peak(precision: str, peak_flops: float) -> Hardware:
+    """This machine's CPU profile from a matmul peak the ranks already measured (StepMetrics' mfu basis), without
+    measuring again or importing torch in the notebook; memory bandwidth is left unmeasured (0: the CPU model does
+    not read it)."""
+    return Hardware(name="cpu", peak_flops={precision: peak_flops},
+                    memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), mem_bw=0.0,
+                    link_bw=GLOO_LOOPBACK_BW, measured=True, kind="cpu", sms=1, cluster="", gpus_per_node=1)
+
+
 @functools.cache
 def measure_cpu(budget_s: float = 0.3) -> Hardware:
     """This machine's CPU with torch's current thread count: matmul peak per precision and copy bandwidth, measured.

@@ -122,6 +122,14 @@ class Plan:
     features: Features = NO_FEATURES
 
     @property
+    def basis(self) -> str:
+        """How the times were predicted, in words: the stated efficiency, or the profile's own model."""
+        if self.efficiency is not None:
+            return f"{self.efficiency:.0%} of {self.hardware.name} peak (a stated efficiency)"
+        return f"the {self.hardware.kind} kernel model of {self.hardware.name}" + (
+            f", modelling {self.features.describe()}" if self.features != NO_FEATURES else "")
+
+    @property
     def best(self) -> Candidate:
         if not self.ranked:
             raise ValueError(f"no layout fits: {self.refusal_summary()}")
@@ -154,11 +162,8 @@ class Plan:
 
     def table(self, n: int = 10) -> str:
         p = self.inputs
-        how = (f"efficiency {self.efficiency:.0%} of peak" if self.efficiency is not None
-               else f"{self.hardware.kind} kernel model" + (f", modelled {self.features.describe()}"
-                                                             if self.features != NO_FEATURES else ""))
         head = (f"plan  {p.model.num_params / 1e9:.2f} B-parameter model on {p.gpus} × {self.hardware.name}, global "
-                f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; {how}")
+                f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; predicted by {self.basis}")
         rows = self.rows(n)
         lines = [head]
         if rows:

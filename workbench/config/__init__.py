@@ -39,7 +39,8 @@ from workbench.config.refusals import ConfigError
 from workbench.config.run import Config
 
 __all__ = [
-    "COMPRESSION_HELP", "MIXED_PRECISION_HELP", "MixedPrecision", "OFFLOAD_HELP", "PRESETS", "RECOMPUTE_HELP", "SCHEDULE_HELP", "ZERO_HELP", "Compression",
+    "COMPRESSION_HELP", "MIXED_PRECISION_HELP", "MixedPrecision", "OFFLOAD_HELP", "PRESETS", "RECOMPUTE_HELP",
+    "SCHEDULE_HELP", "ZERO_HELP", "Compression",
     "Config", "ConfigError", "Degrees", "MeshLayout", "ModelConfig", "Precision", "Recompute", "Schedule",
     "checkpointed_blocks", "divisors",
 ]

@@ -22,7 +22,7 @@ from workbench.estimate.predict import estimate, grad_sync_bytes_per_step
 from workbench.estimate.records import Collective, Estimate, Memory, Role, StageEstimate
 from workbench.flops import flops_per_token
 
-__all__ = ["ASSUMPTIONS", "GPU_ASSUMPTIONS", "Features", "Collective", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "ENGINE_STATE_BYTES",
-           "Estimate", "Memory", "Role", "StageEstimate", "StateBytes", "ZERO_PAPER_STATE_BYTES", "estimate",
-           "flops_per_token", "grad_sync_bytes_per_step", "model_state_memory", "quantized_bucket_bytes",
-           "zero_paper_memory"]
+__all__ = ["ASSUMPTIONS", "GPU_ASSUMPTIONS", "Collective", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
+           "ENGINE_STATE_BYTES", "Estimate", "Features", "Memory", "Role", "StageEstimate", "StateBytes",
+           "ZERO_PAPER_STATE_BYTES", "estimate", "flops_per_token", "grad_sync_bytes_per_step", "model_state_memory",
+           "quantized_bucket_bytes", "zero_paper_memory"]

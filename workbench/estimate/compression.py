@@ -27,10 +27,11 @@ def compressed_sync(st: Stage, net: Network, buckets: list[int], hidden_by: floa
                            hidden_by=hidden_by)]
     payload = sum(quantized_bucket_bytes(b // 4, cfg.dp, cfg.compression) for b in buckets)
     # Two phases per bucket, each moving the whole quantised bucket: all_to_all, then all_gather.
-    return [collective(net, st.rank, "dp", "all_to_all", Role.GRADIENT_SYNC, f"gradients ({cfg.compression}, phase 1)", n,
-                       payload / n, cfg.dp, hidden_by=hidden_by),
-            collective(net, st.rank, "dp", "all_gather", Role.GRADIENT_SYNC, f"gradients ({cfg.compression}, phase 2)", n,
-                       payload / n, cfg.dp, hidden_by=hidden_by)]
+    phase = f"gradients ({cfg.compression}, phase"
+    return [collective(net, st.rank, "dp", "all_to_all", Role.GRADIENT_SYNC, f"{phase} 1)", n, payload / n, cfg.dp,
+                       hidden_by=hidden_by),
+            collective(net, st.rank, "dp", "all_gather", Role.GRADIENT_SYNC, f"{phase} 2)", n, payload / n, cfg.dp,
+                       hidden_by=hidden_by)]
 
 
 def parameter_shapes(st: Stage) -> list[tuple[int, ...]]:

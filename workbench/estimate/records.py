@@ -146,7 +146,8 @@ class Estimate:
     config: Config
     hardware: Hardware
     efficiency: float
-    """The stated MFU assumption: the fraction of peak FLOP/s that executed FLOPs reach."""
+    """The fraction of peak FLOP/s that executed FLOPs reach: the stated assumption (CPU model, or an explicit
+    `efficiency=`), or what the GPU kernel model achieves."""
     stages: tuple[StageEstimate, ...]
     model_flops: float
     """Model FLOPs per step, all ranks together: flops_per_token · tokens per step."""
