@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 import secrets
+import warnings
 from pathlib import Path
 from typing import Any
 
 from workbench import checkpoints
 from workbench.config import Config, ConfigError
+from workbench.corpus import check_corpus
+from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, TelemetryStore
@@ -93,7 +96,8 @@ class Run:
 class Workbench:
     """A pool of ranks holding one model that notebook cells configure, train and inspect.
 
-    world_size: ranks to start (local processes, one per GPU on CUDA).
+    world_size: ranks to start (local processes, one per GPU on CUDA). More than the machine's cores or available
+    memory warns with the estimate; more than its memory holds (≈0.4 GB a rank) is refused unless oversubscribe=True.
     corpus: folder of text to train on; None is the Python standard library's source.
     telemetry: measure every step (compute/communication timeline through the compiled recording
     backend, memory by category, MFU); False runs plain gloo/NCCL and reports losses and times only.
@@ -103,10 +107,15 @@ class Workbench:
     """
 
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
-                 pool: Pool | None = None, session: RankSession | None = None, **pool_kwargs: Any) -> None:
+                 pool: Pool | None = None, session: RankSession | None = None, oversubscribe: bool = False,
+                 **pool_kwargs: Any) -> None:
+        check_corpus(corpus)  # before any rank is spawned
         self.corpus, self.telemetry = corpus, telemetry
         self._owns_pool = pool is None
         if pool is None:
+            if not pool_kwargs.get("external") and (warning := world_size_warning(
+                    world_size, Machine.this(), oversubscribe=oversubscribe)):
+                warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
             setup = "workbench.telemetry.comm:register" if telemetry else None
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
         self.pool = pool
@@ -141,6 +150,7 @@ class Workbench:
         changed. An invalid config is refused before any rank is touched; the current model stays as it was.
         """
         self.check(cfg)
+        check_corpus(self.corpus)  # the folder may have changed since the Workbench was made
         self._require_idle("apply a new layout")
         info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
         if not info["resharded"]:
@@ -167,8 +177,8 @@ class Workbench:
 
         save_every=N, save_to="ckpt/": also save a checkpoint every N steps, keeping the last `keep`.
         """
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"steps: must be a positive integer, got {steps!r}. Fix: pass e.g. steps=100.")
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from workbench.config.refusals import refuse
-from workbench.engine.parallel.schedule_grid import config_stages
+from workbench.schedules import config_stages
 
 if TYPE_CHECKING:
     from workbench.config.run import Config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from workbench.engine.parallel.schedule_grid import rank_orders
+from workbench.schedules import rank_orders
 from workbench.estimate.collectives import Network, collective
 from workbench.estimate.records import Collective, Role
 from workbench.estimate.stage import Stage

@@ -8,7 +8,7 @@ fused norms, FSDP2's mixed precision, the caching allocator, NCCL over the links
 from __future__ import annotations
 
 from workbench.config import Config
-from workbench.engine.parallel.schedule_grid import config_stages
+from workbench.schedules import config_stages
 from workbench.estimate.allocator import reserved, runtime_bytes
 from workbench.estimate.assumptions import ASSUMPTIONS, GPU_ASSUMPTIONS
 from workbench.estimate.collectives import Network, network

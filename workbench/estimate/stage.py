@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from workbench.config import Config, checkpointed_blocks
-from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, stages_of_rank
+from workbench.schedules import config_stages, rank_layers, stages_of_rank
 from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
 
 

@@ -48,7 +48,7 @@ computes just after it; the last B of each stage includes DDP's gradient
 all-reduce, which its hooks run inside backward (FSDP's reduce-scatter runs
 after the last B and is not inside any interval). Waits for activations and
 gradients from other ranks fall between intervals: that is the bubble, which
-`schedule_grid.measured_bubble` computes from the intervals.
+`workbench.schedules.measured_bubble` computes from the intervals.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
-from workbench.engine.parallel.schedule_grid import Grid, Kind, config_grid, config_stages, split_layers, stages_of_rank
+from workbench.schedules import Grid, Kind, config_stages, orders_from_torch, place, split_layers, stages_of_rank
 
 ActionHook = Callable[[Kind, int, int, int, int], None]
 """on_action(kind, stage, microbatch, start_ns, end_ns): one measured F or B."""
@@ -223,8 +223,8 @@ class PipelineRunner:
             stage.after_forward = hook
 
     def grid(self) -> Grid:
-        """The ideal time-step × rank grid of this pipeline's schedule."""
-        return config_grid(self.cfg)
+        """The ideal time-step × rank grid of this pipeline's schedule, from torch's own `pipeline_order`."""
+        return place(orders_from_torch(self.schedule.pipeline_order), config_stages(self.cfg))
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *,
              scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.engine.parallel.schedule_grid import Action
+from workbench.schedules import Action
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.store import Snapshot
 from workbench.ui.panels.style import (
