@@ -7,6 +7,7 @@ measured gloo bus bandwidth prices every byte (no latency term), as the CPU runs
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,14 +37,22 @@ class Network:
         first rank of pipeline stage `stage`."""
         if self.topology is None:
             return payload * bus_factor("send" if kind == "send_recv" else kind, group) / self.hw.link_bw
-        first = stage * math.prod(size for name, size in self.shape if name != "pp")
-        if kind == "send_recv":
-            # A stage sends to the next one (the same position in the next pp slice of the mesh).
-            peer = first + math.prod(size for name, size in self.shape if name != "pp")
-            peer = peer if peer < self.topology.world_size else first - (peer - first)
-            return links.collective_time("send", payload, (first, peer), self.topology)
-        ranks = links.mesh_group(self.shape, _MESH_DIMS[axis], first)
-        return links.collective_time(kind, payload, ranks, self.topology)
+        lines = _lines(kind, axis, self.shape, stage, self.topology)
+        return min(line.time(payload) for line in lines)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lines(kind: str, axis: str, shape: tuple[tuple[str, int], ...], stage: int,
+           topology: links.Topology) -> tuple[links.Line, ...]:
+    """The link model's lines (latency, seconds per byte) for one group, cached: wb.plan asks for the same few
+    groups across thousands of layouts. The group holds the first rank of pipeline stage `stage`."""
+    per_stage = math.prod(size for name, size in shape if name != "pp")
+    first = stage * per_stage
+    if kind == "send_recv":
+        # A stage sends to the next one (the same position in the next pp slice of the mesh).
+        peer = first + per_stage if first + per_stage < topology.world_size else first - per_stage
+        return links.coefficients("send", (first, peer), topology)
+    return links.coefficients(kind, links.mesh_group(shape, _MESH_DIMS[axis], first), topology)
 
 
 def network(cfg: Config, hw: Hardware) -> Network:

@@ -13,6 +13,7 @@ One model for every GPU profile and every layout, its constants cited here and i
 
 from __future__ import annotations
 
+import functools
 import math
 
 from workbench.hardware import GEMM_EFFICIENCY, Hardware
@@ -40,16 +41,28 @@ def wave_efficiency(hw: Hardware, rows: int, cols: int) -> float:
 
 def _intrinsic(hw: Hardware) -> float:
     """The large-GEMM fraction of peak with its measured shape's wave efficiency divided out."""
-    return (hw.gemm_efficiency or GEMM_EFFICIENCY) / wave_efficiency(hw, MEASURED_SHAPE, MEASURED_SHAPE)
+    return _divided_out(hw.gemm_efficiency or GEMM_EFFICIENCY, hw.sms)
+
+
+@functools.lru_cache(maxsize=64)
+def _divided_out(efficiency: float, sms: int) -> float:
+    tiles = math.ceil(MEASURED_SHAPE / TILE[0]) * math.ceil(MEASURED_SHAPE / TILE[1])
+    return efficiency / (tiles / (math.ceil(tiles / sms) * sms))
 
 
 def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: float) -> float:
     """Seconds of an (m × k) · (k × n) GEMM at `precision` whose operands take `elem_bytes` each."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    rate = hw.peak(precision) * min(1.0, _intrinsic(hw)) * wave_efficiency(hw, m, n)
-    compute = 2 * m * n * k / rate
-    memory = elem_bytes * (m * k + k * n + m * n) / (hw.mem_bw * MEMORY_EFFICIENCY)
+    return _gemm(hw.peak(precision) * min(1.0, _intrinsic(hw)), hw.sms, hw.mem_bw, m, n, k, elem_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm(rate: float, sms: int, mem_bw: float, m: int, n: int, k: int, elem_bytes: float) -> float:
+    # Cached on plain numbers: wb.plan prices the same few shapes for thousands of layouts.
+    tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
+    compute = 2 * m * n * k / (rate * tiles / (math.ceil(tiles / sms) * sms))
+    memory = elem_bytes * (m * k + k * n + m * n) / (mem_bw * MEMORY_EFFICIENCY)
     return max(compute, memory)
 
 

@@ -23,6 +23,8 @@ backward instead; torch's does not). A mixture-of-experts FFN adds what `expert.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from workbench.estimate.expert import moe_activations
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.recompute import input_only, op_block, policy
@@ -38,6 +40,17 @@ def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
         + (m.dim if features.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
     copies = 2 * st.block_matmul if dt.weight_copies else 0
     return round(st.tokens * (sharded / tp + 2 * c * m.dim)) + copies
+
+
+def _example(st: Stage, layers: tuple[int, ...], kind: tuple[str, bool]) -> int:
+    """A block of `layers` of the given (policy, is MoE) kind."""
+    return next(i for i in layers if (policy(st, i), st.cfg.model.is_moe_layer(i)) == kind)
+
+
+def largest_rebuilt(st: Stage, dt: Dtypes, features: Features) -> int:
+    """The most `rebuilt` holds over this rank's blocks (0 without blocks)."""
+    kinds = {(policy(st, i), st.cfg.model.is_moe_layer(i)) for i in st.layers}
+    return max((rebuilt(st, dt, features, _example(st, st.layers, k)) for k in kinds), default=0)
 
 
 def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
@@ -91,7 +104,9 @@ def stage_saved(st: Stage, dt: Dtypes, features: Features) -> dict[int, int]:
     saved = {}
     for c, stage in enumerate(st.stages):
         layers = st.layers[c * per_chunk:(c + 1) * per_chunk]
-        kept = sum(layer_saved(st, dt, features, i) for i in layers)
+        # Blocks alike (same recomputation, dense or MoE) keep alike: one of each kind, times how many.
+        kinds = Counter((policy(st, i), st.cfg.model.is_moe_layer(i)) for i in layers)
+        kept = sum(n * layer_saved(st, dt, features, _example(st, layers, kind)) for kind, n in kinds.items())
         received = input_only(st, dt) if stage > 0 else 0
         saved[stage] = kept + edge_saved(st, dt, features, stage == 0, stage == st.last_stage) - received
     return saved

@@ -53,7 +53,9 @@ class Stage:
     tokens: int
     """Tokens of one micro-batch on one dp rank."""
     checkpointed: int
-    """How many of this rank's blocks recompute their activations."""
+    """How many of this rank's blocks recompute their activations (checkpointed whole)."""
+    checkpointed_layers: frozenset[int] = frozenset()
+    """Which of them."""
 
     @property
     def first(self) -> bool:
@@ -85,7 +87,7 @@ class Stage:
         return 2 if self.cfg.mixed_precision == "fsdp" else 4
 
     def is_checkpointed(self, layer: int) -> bool:
-        return bool(checkpointed_blocks([layer], self.cfg.activation_checkpointing))
+        return layer in self.checkpointed_layers
 
     def count_checkpointed(self, layers: tuple[int, ...]) -> int:
         """How many of `layers` recompute their activations."""
@@ -100,6 +102,7 @@ class Stage:
 def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
     m, tp = cfg.model, cfg.tp
     chunks = config_stages(cfg)
+    checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
     stages = tuple(stages_of_rank(rank, cfg.pp, chunks))
     last_stage = cfg.pp * chunks - 1
     first, last = rank == 0, rank == cfg.pp - 1
@@ -126,7 +129,7 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
         block_matmul=block_matmul, block_params=block_params, embedding=embedding, head=head, root=root,
         moe_layers=moe_layers, expert_params=expert_params, params=params, tensors=tensors,
         tokens=cfg.micro_batch_size * cfg.seq_len,
-        checkpointed=len(checkpointed_blocks(list(layers), cfg.activation_checkpointing)),
+        checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed),
     )
 
 

@@ -27,7 +27,7 @@ from workbench.estimate.data_parallel import dp_buffers
 from workbench.estimate.model_state import model_state_memory
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.pipeline import peak_in_flight, receive_buffers
-from workbench.estimate.saved_gpu import input_only, loss_transients, rebuilt, stage_saved
+from workbench.estimate.saved_gpu import input_only, largest_rebuilt, loss_transients, stage_saved
 from workbench.estimate.stage import Stage, ceil_div
 
 
@@ -111,7 +111,7 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     activations = peak_in_flight(st, saved)
     earlier_grads = gradients if mb > 1 else 0  # accumulation: the first micro-batches' gradients are held
     loss_fwd, loss_bwd = loss_transients(st, dt, features)
-    rebuild = max((rebuilt(st, dt, features, i) for i in st.layers), default=0)
+    rebuild = largest_rebuilt(st, dt, features)
     optimizer_temp = 0 if cfg.offload else ceil_div(4 * st.params, dp if zero >= 1 else 1)
 
     moments = Moments(
