@@ -64,7 +64,7 @@ def main() -> None:
         out = F.scaled_dot_product_attention(q, k_, v, is_causal=True, enable_gqa=True)
         out.backward(torch.ones_like(out))
 
-    flops = attention_forward_flops(2, args.seq, heads, head_dim)
+    flops = attention_forward_flops(2 * args.seq, args.seq, heads, head_dim)
     row("flash attention fwd + bwd", _time(torch, attention, reps=5), attention_time(hw, "bf16", flops))
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)

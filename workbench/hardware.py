@@ -47,7 +47,10 @@ class Hardware:
     gpus_per_node: int = 8
 
     def peak(self, precision: str) -> float:
-        """Peak FLOP/s at `precision`; refuses one the device has no figure for."""
+        """Peak FLOP/s at `precision`; refuses one the device has no figure for. An fp8 recipe
+        ("fp8_tensorwise", "fp8_rowwise") is the device's fp8 rate."""
+        if precision.startswith("fp8"):
+            precision = "fp8"
         try:
             return self.peak_flops[precision]
         except KeyError:

@@ -136,7 +136,8 @@ class Workbench:
             raise ConfigError(f"config: expected a wb.Config, got {type(cfg).__name__}. Fix: pass wb.Config(...).")
         cfg.check_world(self.pool.world_size)
         caps = self.capabilities
-        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"])
+        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
+                         cuda=caps["device"].startswith("cuda"))
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -172,17 +173,19 @@ class Workbench:
 
     # -- train -----------------------------------------------------------------------------------
     def train(self, steps: int = 100, *, save_every: int | None = None, save_to: str | Path | None = None,
-              keep: int | None = None) -> Run:
+              keep: int | None = None, async_save: bool = False) -> Run:
         """Start training for `steps` steps in the background; returns a Run at once.
 
         save_every=N, save_to="ckpt/": also save a checkpoint every N steps, keeping the last `keep`.
+        async_save=True: each save copies the state to host memory and training goes on while it is written
+        (the run ends once the last one is durable).
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ConfigError(f"steps: must be a positive integer, got {steps!r}. Fix: pass e.g. steps=100.")
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
-        saves = checkpoints.schedule(save_every, save_to, keep)
+        saves = checkpoints.schedule(save_every, save_to, keep, async_save)
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
         run_id = secrets.token_hex(8)
         self._run = Run(self, self.session.train(steps, run_id, saves), run_id, steps)
@@ -212,10 +215,12 @@ class Workbench:
         return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it).
+        """Load the newest checkpoint under `path` (or the one `path` names) into the current layout, whatever
+        layout saved it.
 
         Without a model yet, the saved Config is applied first. Anything wrong with
-        the checkpoint is found before the current model is touched.
+        the checkpoint is found before the current model is touched; a damaged newest
+        checkpoint is refused, naming the newest intact one (pass its path to load it).
         """
         self._require_idle("load a checkpoint")
         checkpoint_dir = checkpoints.resolve(path)
@@ -237,9 +242,10 @@ class Workbench:
     # -- the large run ---------------------------------------------------------------------------
     def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
         """Write what runs the current Config without the notebook into `directory`: config.json, run.sh (torchrun),
-        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan.toml; returns `wb.export.Exported`.
+        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan run (torchtitan.sh for torchtitan 0.3,
+        torchtitan.toml for older releases); returns `wb.export.Exported`.
 
-        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, port.
+        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, async_save, port.
         """
         from workbench.export import export
 

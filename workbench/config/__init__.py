@@ -18,8 +18,11 @@ needs nothing.
 """
 
 from workbench.config.choices import (
+    FP8,
+    CompileBackend,
     Compression,
     MixedPrecision,
+    Optimizer,
     Precision,
     Recompute,
     Schedule,
@@ -27,9 +30,13 @@ from workbench.config.choices import (
 )
 from workbench.config.degrees import Degrees, MeshLayout, divisors
 from workbench.config.help_text import (
+    COMPILE_HELP,
     COMPRESSION_HELP,
+    CUDA_GRAPHS_HELP,
     MIXED_PRECISION_HELP,
     OFFLOAD_HELP,
+    OPTIMIZER_HELP,
+    PRECISION_HELP,
     RECOMPUTE_HELP,
     SCHEDULE_HELP,
     ZERO_HELP,
@@ -39,8 +46,8 @@ from workbench.config.refusals import ConfigError
 from workbench.config.run import Config
 
 __all__ = [
-    "COMPRESSION_HELP", "MIXED_PRECISION_HELP", "MixedPrecision", "OFFLOAD_HELP", "PRESETS", "RECOMPUTE_HELP",
-    "SCHEDULE_HELP", "ZERO_HELP", "Compression",
-    "Config", "ConfigError", "Degrees", "MeshLayout", "ModelConfig", "Precision", "Recompute", "Schedule",
-    "checkpointed_blocks", "divisors",
+    "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
+    "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
+    "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
+    "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors",
 ]

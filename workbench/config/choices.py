@@ -7,8 +7,12 @@ from typing import Literal
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full", "op"]
 MixedPrecision = Literal["autocast", "fsdp"]
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"]
+FP8 = ("fp8_tensorwise", "fp8_rowwise")
+"""torchao's Float8 training recipes: the linear layers' matmuls in fp8, everything else in bf16 autocast."""
 Compression = Literal["none", "fp16", "bf16", "powersgd", "int8", "1bit"]
+Optimizer = Literal["adamw", "lion", "sgd"]
+CompileBackend = Literal["inductor", "aot_eager"]
 ZERO_STAGES = (0, 1, 2, 3)
 
 

@@ -43,3 +43,27 @@ MIXED_PRECISION_HELP = {
     "fsdp": "FSDP2 mixed precision (ZeRO 2/3): bf16 parameters gathered for compute, fp32 shards, gradients and "
             "optimizer state, gradients reduced in fp32; the residual stream and norms run in bf16",
 }
+OPTIMIZER_HELP = {
+    "adamw": "AdamW: two fp32 moments per parameter (8 B of optimizer state per parameter)",
+    "lion": "Lion: one fp32 moment and a sign update (4 B per parameter, half of AdamW's); every element moves "
+            "by lr, so use an lr about 3-10x smaller than AdamW's",
+    "sgd": "SGD with momentum 0.9: one fp32 buffer per parameter (4 B, half of AdamW's); usually a larger lr",
+}
+PRECISION_HELP = {
+    "fp32": "fp32: every operation in 32-bit floats",
+    "bf16": "bf16 autocast: matmuls in bfloat16 (fp32's range), parameters and optimizer state fp32",
+    "fp16": "fp16 autocast with dynamic loss scaling: a step whose gradients overflow is skipped everywhere",
+    "fp8_tensorwise": "fp8 (torchao Float8, one scale per tensor): linear layers' matmuls in float8, bf16 elsewhere; "
+                      "with zero 2/3 FSDP2 gathers the weights in fp8; needs a GPU with fp8 (sm_89 or newer)",
+    "fp8_rowwise": "fp8 (torchao Float8, one scale per row): more accurate than tensorwise, a little slower; "
+                   "needs a GPU with fp8 (sm_89 or newer)",
+}
+COMPILE_HELP = (
+    "torch.compile each transformer block (inductor; C++ on the CPU, Triton on GPUs): fused kernels, the same "
+    "losses within float rounding. The first step of a layout compiles (shown as its own span); a layout seen "
+    "before in this session compiles nothing"
+)
+CUDA_GRAPHS_HELP = (
+    "CUDA Graphs (torch.compile mode=\"reduce-overhead\"): each compiled block's kernels captured once and replayed, "
+    "without the per-kernel launch cost; needs a CUDA device, compile=True, zero 0/1, no offload, no pipeline"
+)

@@ -11,11 +11,38 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from workbench.config.degrees import divisors
+from workbench.config.choices import FP8
 from workbench.config.refusals import refuse
 from workbench.schedules import config_stages
 
 if TYPE_CHECKING:
     from workbench.config.run import Config
+
+
+def hsdp_splits_the_data_parallel_ranks(cfg: Config) -> None:
+    """dp_replicate groups of dp/dp_replicate ranks each, sharded by FSDP2 within a group (before the degrees are
+    made of it)."""
+    r = cfg.dp_replicate
+    if r == 1:
+        return
+    if cfg.zero < 2:
+        raise refuse("dp_replicate", f"dp_replicate={r} is HSDP, which replicates FSDP2 shard groups; zero={cfg.zero} "
+                     "already replicates everything over dp", "set zero=2 or 3, or dp_replicate=1")
+    if cfg.dp % r:
+        raise refuse("dp_replicate", f"dp_replicate={r} does not divide dp={cfg.dp}",
+                     f"choose dp_replicate among {[d for d in divisors(cfg.dp) if d < cfg.dp]}")
+    if r == cfg.dp:
+        raise refuse("dp_replicate", f"dp_replicate=dp={r} leaves one rank per shard group: nothing to shard",
+                     "use zero=0 (DDP) for pure replication, or a dp_replicate below dp")
+
+
+def context_parallel_splits_sequences(cfg: Config) -> None:
+    """cp cuts every sequence; a mixture of experts routes whole sequences (its routing group and capacity)."""
+    if cfg.cp > 1 and cfg.model.n_experts:
+        raise refuse("cp", f"cp={cfg.cp} splits each sequence across ranks, but a mixture of experts routes whole "
+                     "sequences (its capacity and balancing loss are per sequence), so the split would change the model",
+                     "set cp=1 with a mixture of experts, or use a dense model")
 
 
 def degrees_fit_the_model(cfg: Config) -> None:
@@ -43,7 +70,8 @@ def batch_splits_and_sequence_fits(cfg: Config) -> None:
 
 
 def zero_has_ranks_to_shard_over(cfg: Config) -> None:
-    if cfg.zero > 0 and cfg.dp == 1:
+    # The cp ranks hold the same weights and average their gradients with the dp ranks: ZeRO shards over dp·cp.
+    if cfg.zero > 0 and cfg.dp * cfg.cp == 1:
         raise refuse("zero", f"ZeRO stage {cfg.zero} shards across data-parallel ranks, but dp=1",
                      "set dp ≥ 2 or zero=0")
     if cfg.zero == 1 and cfg.dp > 1 and cfg.tp > 1:
@@ -61,7 +89,7 @@ def zero_has_ranks_to_shard_over(cfg: Config) -> None:
 
 def compression_has_a_sync_to_compress(cfg: Config) -> None:
     kind = cfg.compression
-    if kind != "none" and cfg.dp == 1:
+    if kind != "none" and cfg.dp * cfg.cp == 1:
         raise refuse("compression", f"{kind!r} compresses the data-parallel gradient sync, but dp=1 has none",
                      'set dp ≥ 2 or compression="none"')
     if kind != "none" and cfg.tp > 1 and cfg.zero == 0:
@@ -87,12 +115,49 @@ def fsdp_mixed_precision_has_its_setting(cfg: Config) -> None:
     if cfg.zero < 2:
         raise refuse("mixed_precision", f"'fsdp' is FSDP2's MixedPrecisionPolicy, and zero={cfg.zero} is not "
                      "FSDP2", 'use zero=2 or 3, or mixed_precision="autocast"')
-    if cfg.precision != "bf16":
+    if cfg.precision not in ("bf16", *FP8):
+        # fp8 keeps bf16 beside its Float8 linears, as torchtitan runs Float8 under FSDP2's bf16 policy.
         raise refuse("mixed_precision", f"'fsdp' casts the parameters to bf16 for compute; precision="
-                     f"{cfg.precision!r}", 'set precision="bf16", or mixed_precision="autocast"')
+                     f"{cfg.precision!r}", 'set precision="bf16" (or an fp8 one), or mixed_precision="autocast"')
+
+
+def compile_settings_fit(cfg: Config) -> None:
+    """CUDA Graphs are torch.compile's; they replay kernels on inputs that stay where they were captured."""
+    if cfg.cuda_graphs and not cfg.compile:
+        raise refuse("cuda_graphs", "CUDA Graphs here are torch.compile's mode=\"reduce-overhead\", and compile=False",
+                     "set compile=True with cuda_graphs=True")
+    if not cfg.cuda_graphs:
+        return
+    if cfg.compile_backend != "inductor":
+        raise refuse("cuda_graphs", f"CUDA Graphs are inductor's (compile_backend={cfg.compile_backend!r})",
+                     'set compile_backend="inductor"')
+    if cfg.zero >= 2:
+        raise refuse("cuda_graphs", f"zero={cfg.zero} is FSDP2, which gathers each block's parameters into new memory "
+                     "every step: a captured graph would read the old addresses", "use zero=0 or 1, or cuda_graphs=False")
+    if cfg.offload:
+        raise refuse("cuda_graphs", "offload keeps the optimizer step on the host, outside any CUDA graph",
+                     "set offload=False or cuda_graphs=False")
+    if cfg.pp > 1 or cfg.model.n_experts:
+        what = f"pp={cfg.pp}" if cfg.pp > 1 else "a mixture of experts (data-dependent routing)"
+        raise refuse("cuda_graphs", f"CUDA Graphs with {what} are not checked in this workbench",
+                     "use a dense model without a pipeline for cuda_graphs, or cuda_graphs=False")
+
+
+def fp8_fits(cfg: Config) -> None:
+    """torchao's Float8 linears: wired with FSDP2 and DDP, not with tensor parallel (which needs torchao's own
+    Float8 styles) nor with offload."""
+    if cfg.precision not in FP8:
+        return
+    if cfg.tp > 1:
+        raise refuse("precision", f"{cfg.precision} with tp={cfg.tp}: tensor parallel fp8 needs torchao's Float8 "
+                     "tensor-parallel styles, not wired here", "use tp=1 with fp8 (any zero stage), or bf16")
+    if cfg.offload:
+        raise refuse("precision", f"{cfg.precision} with offload is not wired here", "set offload=False, or bf16")
 
 
 RULES: tuple[Callable[[Config], None], ...] = (
+    hsdp_splits_the_data_parallel_ranks,
+    context_parallel_splits_sequences,
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,
     batch_splits_and_sequence_fits,
@@ -100,6 +165,8 @@ RULES: tuple[Callable[[Config], None], ...] = (
     compression_has_a_sync_to_compress,
     offload_has_plain_parameters,
     fsdp_mixed_precision_has_its_setting,
+    compile_settings_fit,
+    fp8_fits,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""
 

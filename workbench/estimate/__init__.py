@@ -12,8 +12,10 @@ from workbench.estimate.compression import quantized_bucket_bytes
 from workbench.estimate.data_parallel import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
 from workbench.estimate.model_state import (
     ENGINE_STATE_BYTES,
+    OPTIMIZER_STATE_BYTES,
     ZERO_PAPER_STATE_BYTES,
     StateBytes,
+    engine_state_bytes,
     model_state_memory,
     zero_paper_memory,
 )
@@ -23,6 +25,6 @@ from workbench.estimate.records import Collective, Estimate, Memory, Role, Stage
 from workbench.flops import flops_per_token
 
 __all__ = ["ASSUMPTIONS", "GPU_ASSUMPTIONS", "Collective", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES",
-           "ENGINE_STATE_BYTES", "Estimate", "Features", "Memory", "Role", "StageEstimate", "StateBytes",
-           "ZERO_PAPER_STATE_BYTES", "estimate", "flops_per_token", "grad_sync_bytes_per_step", "model_state_memory",
-           "quantized_bucket_bytes", "zero_paper_memory"]
+           "ENGINE_STATE_BYTES", "Estimate", "Features", "Memory", "OPTIMIZER_STATE_BYTES", "Role", "StageEstimate",
+           "StateBytes", "ZERO_PAPER_STATE_BYTES", "engine_state_bytes", "estimate", "flops_per_token",
+           "grad_sync_bytes_per_step", "model_state_memory", "quantized_bucket_bytes", "zero_paper_memory"]

@@ -35,8 +35,10 @@ def reserved(allocated: int) -> int:
 
 def nccl_buffers(cfg: Config) -> int:
     """NCCL's own buffers: per communicator (one per mesh axis with more than one rank, plus the world), a send
-    and a receive buffer per channel."""
-    axes = sum(n > 1 for n in (cfg.dp, cfg.tp, cfg.pp, cfg.ep)) + 1
+    and a receive buffer per channel. The data-parallel groups are one communicator (dp, or dp·cp), or two under
+    HSDP (the shard group and the replica group)."""
+    groups = (cfg.dp * cfg.cp, cfg.dp_replicate if cfg.hsdp else 1, cfg.tp, cfg.pp, cfg.ep, cfg.cp)
+    axes = sum(n > 1 for n in groups) + 1
     return axes * 2 * NCCL_CHANNELS * NCCL_BUFFSIZE
 
 

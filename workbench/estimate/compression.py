@@ -17,21 +17,22 @@ def compressed_sync(st: Stage, net: Network, buckets: list[int], hidden_by: floa
     gradient buckets of `buckets` bytes each."""
     cfg = st.cfg
     grads, n = sum(buckets), len(buckets)
+    over = "dp_cp" if cfg.cp > 1 else "dp"
     if cfg.compression in ("fp16", "bf16"):
         return [collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC, f"gradients ({cfg.compression})", n,
-                           grads / 2 / n, cfg.dp, hidden_by=hidden_by)]
+                           grads / 2 / n, st.sync, hidden_by=hidden_by, over=over)]
     if cfg.compression == "powersgd":
         sent = sum(powersgd_elements(shape, cfg.powersgd_rank) for shape in parameter_shapes(st))
         return [collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC,
-                           f"gradients (PowerSGD rank {cfg.powersgd_rank})", 3 * n, 4 * sent / (3 * n), cfg.dp,
-                           hidden_by=hidden_by)]
-    payload = sum(quantized_bucket_bytes(b // 4, cfg.dp, cfg.compression) for b in buckets)
+                           f"gradients (PowerSGD rank {cfg.powersgd_rank})", 3 * n, 4 * sent / (3 * n), st.sync,
+                           hidden_by=hidden_by, over=over)]
+    payload = sum(quantized_bucket_bytes(b // 4, st.sync, cfg.compression) for b in buckets)
     # Two phases per bucket, each moving the whole quantised bucket: all_to_all, then all_gather.
     phase = f"gradients ({cfg.compression}, phase"
-    return [collective(net, st.rank, "dp", "all_to_all", Role.GRADIENT_SYNC, f"{phase} 1)", n, payload / n, cfg.dp,
-                       hidden_by=hidden_by),
-            collective(net, st.rank, "dp", "all_gather", Role.GRADIENT_SYNC, f"{phase} 2)", n, payload / n, cfg.dp,
-                       hidden_by=hidden_by)]
+    return [collective(net, st.rank, "dp", "all_to_all", Role.GRADIENT_SYNC, f"{phase} 1)", n, payload / n, st.sync,
+                       hidden_by=hidden_by, over=over),
+            collective(net, st.rank, "dp", "all_gather", Role.GRADIENT_SYNC, f"{phase} 2)", n, payload / n, st.sync,
+                       hidden_by=hidden_by, over=over)]
 
 
 def parameter_shapes(st: Stage) -> list[tuple[int, ...]]:

@@ -2,7 +2,9 @@
 
 ZeRO 0 = DDP (with tp > 1, FSDP2's `replicate`, one all-reduce per block), 1 = + ZeroRedundancyOptimizer,
 2 = FSDP2 without resharding after forward, 3 = FSDP2; FSDP2's units are the blocks, the rest of a stage is the
-root (engine/parallel/data_parallel.py).
+root (engine/parallel/data_parallel.py). The cp ranks hold the same weights as the dp ranks and average their
+gradients with them, so every group here spans dp·cp (`Stage.sync`); under HSDP FSDP2 shards within a shard
+group (`Stage.shard_ranks`) and all-reduces each reduce-scattered shard across the dp_replicate groups.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 """DDP's first bucket is small (1 MiB) so that communication starts early in backward."""
 
 
+def sync_axis(st: Stage) -> str:
+    """The mesh axis whose groups average gradients: dp, or dp and cp flattened."""
+    return "dp_cp" if st.cfg.cp > 1 else "dp"
+
+
+def shard_axis(st: Stage) -> str:
+    """The mesh axis FSDP2 shards over: the sync group, or under HSDP one shard group (with cp, flattened)."""
+    if not st.cfg.hsdp:
+        return sync_axis(st)
+    return "dp_shard_cp" if st.cfg.cp > 1 else "dp_shard"
+
+
 def dp_buffers(st: Stage) -> int:
     """Bytes of communication copies: DDP's flat gradient buckets (zero 0/1, tp = 1), or FSDP2's gathered
     parameters and the full gradients it holds before their reduce-scatter (zero 2/3)."""
@@ -30,7 +44,7 @@ def dp_buffers(st: Stage) -> int:
     if cfg.zero <= 1:
         # DDP copies every gradient into its flat buckets (FSDP2's replicate, used under tp, does not); with ep > 1
         # it ignores the expert slices, which are all-reduced over edp on their own.
-        return params - (experts if cfg.ep > 1 else 0) if cfg.dp > 1 and cfg.tp == 1 else 0
+        return params - (experts if cfg.ep > 1 else 0) if st.sync > 1 and cfg.tp == 1 else 0
     largest_unit = max(st.root, st.block_params if st.layers else 0)
     # Within a pipeline, FSDP2 accumulates full gradients until the last micro-batch; alone, it reduce-scatters
     # each unit's gradient as backward finishes it.
@@ -53,7 +67,8 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
     behind its own unit's compute, the first gather and the last reduce-scatter exposed.
     """
     cfg = st.cfg
-    if cfg.dp == 1:
+    n, shard, over = st.sync, st.shard_ranks, sync_axis(st)
+    if n == 1:
         return []
     # With ep > 1 the expert slices are synchronised over edp (`expert.ep_comm`), the rest over dp.
     local = st.params - (st.expert_params if cfg.ep > 1 else 0)
@@ -68,11 +83,11 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
             out = compressed_sync(st, net, ddp_buckets(grads), backward_mb_s)
         else:
             out = [collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC, what, calls, grads / calls,
-                              cfg.dp, hidden_by=backward_mb_s)]
+                              n, hidden_by=backward_mb_s, over=over)]
         if cfg.zero == 1:
             # ZeroRedundancyOptimizer broadcasts each updated parameter tensor from the rank that owns it.
             out.append(collective(net, st.rank, "dp", "broadcast", Role.PARAMETER_BROADCAST,
-                                  "updated parameters (ZeRO-1)", st.tensors, grads / st.tensors, cfg.dp))
+                                  "updated parameters (ZeRO-1)", st.tensors, grads / st.tensors, n, over=over))
         return out
     sync_each_mb = cfg.pp == 1
     syncs = m if sync_each_mb else 1
@@ -88,15 +103,22 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
         gather_bytes = m * (2 * gathered - dt.gathered * st.root)
         gather_calls = m * (2 * units - (st.root > 0))
     gather_window, scatter_window = per_unit if per_unit else (rest, sync_window)
-    return [
+    per_call, over = per_unit is not None, shard_axis(st)
+    out = [
         collective(net, st.rank, "dp", "all_gather", Role.PARAMETER_GATHER, f"parameters (ZeRO-{cfg.zero})",
-                   gather_calls, gather_bytes / gather_calls, cfg.dp, hidden_by=gather_window,
-                   per_call=per_unit is not None),
+                   gather_calls, gather_bytes / gather_calls, shard, hidden_by=gather_window, per_call=per_call,
+                   over=over),
         collective(net, st.rank, "dp", "reduce_scatter", Role.GRADIENT_SYNC,
                    "gradients" + (f" ({cfg.compression})" if half else ""), units * syncs,
-                   grads / units / (2 if half else 1), cfg.dp, hidden_by=scatter_window,
-                   per_call=per_unit is not None),
+                   grads / units / (2 if half else 1), shard, hidden_by=scatter_window, per_call=per_call, over=over),
     ]
+    if cfg.hsdp:
+        # HSDP: each reduce-scattered shard is then all-reduced across the dp_replicate groups.
+        out.append(collective(net, st.rank, "dp", "all_reduce", Role.GRADIENT_SYNC,
+                              "gradients (HSDP, across replica groups)", units * syncs,
+                              grads / units / shard / (2 if half else 1), cfg.dp_replicate,
+                              hidden_by=scatter_window, per_call=per_call, over="dp_replicate"))
+    return out
 
 
 def ddp_buckets(grad_bytes: int) -> list[int]:

@@ -77,9 +77,10 @@ def linear_time(hw: Hardware, precision: str, tokens: int, fan_in: int, fan_out:
     return t
 
 
-def attention_forward_flops(sequences: int, seq_len: int, heads: int, head_dim: int) -> float:
-    """Causal flash attention's forward FLOPs as its papers count them: q·kᵀ and p·v over half the square."""
-    return sequences * 4 * seq_len * seq_len * head_dim * heads / 2
+def attention_forward_flops(queries: int, seq_len: int, heads: int, head_dim: int) -> float:
+    """Causal flash attention's forward FLOPs as its papers count them: q·kᵀ and p·v over half the square, for
+    `queries` tokens of sequences of `seq_len` (a cp rank's share of them attends to the whole sequence)."""
+    return queries * 4 * seq_len * head_dim * heads / 2
 
 
 def attention_time(hw: Hardware, precision: str, forward_flops: float, forwards: int = 1,

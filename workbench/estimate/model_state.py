@@ -23,6 +23,14 @@ ZERO_PAPER_STATE_BYTES = StateBytes(parameters=2, gradients=2, optimizer=12)
 """Rajbhandari et al. 2020 (ZeRO), section 3.1: mixed-precision Adam keeps fp16 parameters and gradients (2+2 B)
 and K = 12 B of optimizer state (fp32 master parameters, momentum, variance)."""
 
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "lion": 4, "sgd": 4}
+"""fp32 optimizer state per parameter by Config.optimizer: AdamW's two moments, Lion's one, SGD's momentum buffer."""
+
+
+def engine_state_bytes(optimizer: str) -> StateBytes:
+    """What the engine keeps per parameter with `optimizer` (ENGINE_STATE_BYTES is AdamW's)."""
+    return StateBytes(parameters=4, gradients=4, optimizer=OPTIMIZER_STATE_BYTES[optimizer])
+
 
 def model_state_memory(params: int, dp: int, zero: int,
                        state: StateBytes = ENGINE_STATE_BYTES) -> tuple[int, int, int]:

@@ -7,12 +7,13 @@ fused norms, FSDP2's mixed precision, the caching allocator, NCCL over the links
 
 from __future__ import annotations
 
-from workbench.config import Config
+from workbench.config import FP8, Config
 from workbench.schedules import config_stages
 from workbench.estimate.allocator import reserved, runtime_bytes
 from workbench.estimate.assumptions import ASSUMPTIONS, GPU_ASSUMPTIONS
 from workbench.estimate.collectives import Network, network
 from workbench.estimate.compute import executed_flops
+from workbench.estimate.context import attention_flops, cp_comm
 from workbench.estimate.data_parallel import dp_comm
 from workbench.estimate.expert import ep_comm
 from workbench.estimate.memory import stage_memory
@@ -44,8 +45,12 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     if features != NO_FEATURES and hw.kind == "cpu":
         raise ValueError(f"features {features.describe()} are modelled for GPU profiles only; the CPU model is "
                          "this engine on CPU kernels, which runs none of them")
-    if features.float8 and "fp8" not in hw.peak_flops:
-        raise ValueError(f"Features(float8=True) needs an fp8 peak; {hw.name} has none")
+    if features.float8_tp and (cfg.tp == 1 or cfg.precision != "bf16"):
+        raise ValueError("Features(float8_tp=True) models Float8 linears under tensor parallel, which the engine "
+                         f"lacks; with tp={cfg.tp}, precision={cfg.precision!r}: use tp > 1 with precision='bf16', "
+                         "or set precision='fp8_tensorwise' (tp=1) instead")
+    if (features.float8_tp or cfg.precision in FP8) and "fp8" not in hw.peak_flops:
+        raise ValueError(f"Float8 linears need an fp8 peak; {hw.name} has none")
     net = network(cfg, hw)
     shapes = stage_shapes(cfg)
     flops = [executed_flops(st) for st in shapes]
@@ -66,7 +71,7 @@ def _cpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         own_s = f / peak
         backward_mb_s = own_s / cfg.micro_batches * 2 / 3
         comm = [*dp_comm(st, net, dt, compute_s, backward_mb_s), *tp_comm(st, net, dt), *pp_comm(st, net),
-                *ep_comm(st, net)]
+                *ep_comm(st, net), *cp_comm(st, net, attention_flops(st) / peak)]
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params, memory=stage_memory(st),
                                     flops=f, compute_s=own_s, comm=tuple(c for c in comm if c.calls)))
     return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=tuple(stages),
@@ -90,7 +95,8 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         per_unit = ((mb.forward + (mb.backward if cfg.zero == 3 else 0)) / (gathers_per_unit * units),
                     mb.backward / units)
         comm = [*dp_comm(st, net, dt, compute_s, mb.backward, per_unit=per_unit),
-                *tp_comm(st, net, dt, features), *pp_comm(st, net), *ep_comm(st, net)]
+                *tp_comm(st, net, dt, features), *pp_comm(st, net), *ep_comm(st, net),
+                *cp_comm(st, net, m * mb.attention)]
         split = (("gemm", m * mb.gemm), ("attention", m * mb.attention), ("memory-bound", m * mb.memory_bound),
                  ("optimizer", opt_s))
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params,

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from workbench.hardware import Hardware
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"]
-Axis = Literal["dp", "tp", "pp", "ep", "edp"]
+Axis = Literal["dp", "tp", "pp", "ep", "edp", "cp"]
 
 
 class Role(enum.Enum):
@@ -41,6 +41,8 @@ class Role(enum.Enum):
     """Expert parallel's all-to-all of how many tokens each expert gets."""
     EXPERT_GRADIENT_SYNC = "expert gradient sync"
     """The expert slices' gradient sync over edp = dp/ep."""
+    CONTEXT_RING = "context ring"
+    """Context parallel's sends of keys and values (and of their gradients) round the cp ring."""
 
 
 @dataclass(frozen=True)

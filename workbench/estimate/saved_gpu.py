@@ -35,9 +35,9 @@ def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
     """Bytes a dense block saves for one micro-batch without recomputation."""
     m, tp, a, r, c = st.cfg.model, st.cfg.tp, dt.compute, dt.residual, dt.linear_input
     kv = m.kv_heads * m.head_dim
-    mlp = 4 * a * m.hidden_dim if not features.float8 else (3 * a + 1) * m.hidden_dim  # fp8 copy of w2's input
+    mlp = 4 * a * m.hidden_dim if not dt.float8 else (3 * a + 1) * m.hidden_dim  # fp8 copy of w2's input
     sharded = 2 * (r * m.dim + 4) + a * (2 * m.dim + 2 * kv) + 4 * m.n_heads + mlp \
-        + (m.dim if features.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
+        + (m.dim if dt.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
     copies = 2 * st.block_matmul if dt.weight_copies else 0
     return round(st.tokens * (sharded / tp + 2 * c * m.dim)) + copies
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from workbench.config import Config, checkpointed_blocks
+from workbench.config import FP8, Config, checkpointed_blocks
 from workbench.schedules import config_stages, rank_layers, stages_of_rank
 from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
 
@@ -51,7 +51,8 @@ class Stage:
     tensors: int
     """Parameter tensors on this rank (ZeRO-1 broadcasts each one)."""
     tokens: int
-    """Tokens of one micro-batch on one dp rank."""
+    """Tokens of one micro-batch on one dp rank: micro_batch_size·seq_len, ÷cp (a cp rank holds seq_len/cp of
+    every sequence; its attention reads all of them)."""
     checkpointed: int
     """How many of this rank's blocks recompute their activations (checkpointed whole)."""
     checkpointed_layers: frozenset[int] = frozenset()
@@ -71,14 +72,29 @@ class Stage:
         return self.cfg.pp * self.chunks - 1
 
     @property
+    def sync(self) -> int:
+        """Ranks that hold the same weights and average their gradients: dp, times cp."""
+        return self.cfg.dp * self.cfg.cp
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks ZeRO shards over: all of `sync`, or under HSDP one shard group (dp/dp_replicate, times cp)."""
+        return self.sync // self.cfg.dp_replicate if self.cfg.hsdp else self.sync
+
+    @property
+    def low_precision(self) -> bool:
+        """bf16/fp16, or an fp8 recipe (whose Float8 linears keep bf16 beside them)."""
+        return self.cfg.precision in ("bf16", "fp16", *FP8)
+
+    @property
     def autocast(self) -> bool:
-        """Whether autocast casts per use (bf16/fp16, unless FSDP2 mixed precision casts the parameters)."""
-        return self.cfg.precision in ("bf16", "fp16") and self.cfg.mixed_precision != "fsdp"
+        """Whether autocast casts per use (low precision, unless FSDP2 mixed precision casts the parameters)."""
+        return self.low_precision and self.cfg.mixed_precision != "fsdp"
 
     @property
     def act_bytes(self) -> int:
-        """Bytes per element of what the matmuls compute: 2 under bf16/fp16, else 4."""
-        return 2 if self.cfg.precision in ("bf16", "fp16") else 4
+        """Bytes per element of what the matmuls compute: 2 under bf16/fp16 (and fp8's bf16), else 4."""
+        return 2 if self.low_precision else 4
 
     @property
     def residual_bytes(self) -> int:
@@ -128,7 +144,7 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
         boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
         block_matmul=block_matmul, block_params=block_params, embedding=embedding, head=head, root=root,
         moe_layers=moe_layers, expert_params=expert_params, params=params, tensors=tensors,
-        tokens=cfg.micro_batch_size * cfg.seq_len,
+        tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
         checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed),
     )
 

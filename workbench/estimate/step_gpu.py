@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from workbench.config import FP8
 from workbench.estimate.expert import assignments
 from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_time, memory_time
 from workbench.estimate.options import Dtypes, Features
@@ -24,6 +25,15 @@ ADAMW_BYTES_PER_PARAM = 40
 """What torch's foreach AdamW reads and writes per fp32 parameter (torch/optim/adamw.py `_multi_tensor_adamw`):
 the parameter, its gradient and two moments read (16 B), the parameter and moments written (12 B), the square
 root of the second moment written and read (8 B), the decay's pass over the parameter (4 B)."""
+
+STEP_BYTES_PER_PARAM = {"adamw": ADAMW_BYTES_PER_PARAM, "lion": 60, "sgd": 32}
+"""Bytes each Config.optimizer's step reads and writes per fp32 parameter, without weight decay. Lion
+(engine/optimizers.py, one op at a time): β1·m into a new tensor (8), + (1-β1)·g (12), sign (8), the parameter's
+update (12), β2·m (8), + (1-β2)·g (12). SGD with momentum (torch/optim/sgd.py `_multi_tensor_sgd`): the buffer
+scaled (8) and the gradient added (12), the parameter's update from the buffer (12)."""
+DECAY_BYTES_PER_PARAM = {"adamw": 0, "lion": 8, "sgd": 12}
+"""What weight decay adds: Lion's in-place scaling of the parameter (8); SGD's gradient + wd·parameter into a new
+tensor (12); AdamW's decay pass is counted in its 40 B already."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
     gradient: about 5 bytes per element of every linear's fan-in and fan-out."""
     m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
-    if features.compile:
+    if dt.fused:
         sharded = (r + a) * d + 2 * (r + a) * d + (2 * r + a) * d
         heads = 2 * a * (d + kv) + 3 * a * f
         gathered = 0.0
@@ -65,7 +75,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
         gathered = (2 * 6 * d if dt.weight_copies else 0) + (2 * 2 * r * d if tp > 1 else 0)
     if tp > 1:
         gathered += 2 * 2 * a * d  # the reduce-scatters' input copies
-    fp8 = 5 * (2 * d + 2 * d + 2 * (d + kv) + 3 * (d + f)) if features.float8 else 0.0
+    fp8 = 5 * (2 * d + 2 * d + 2 * (d + kv) + 3 * (d + f)) if dt.float8 else 0.0
     return sharded / tp + heads / tp + gathered + fp8 / tp
 
 
@@ -73,8 +83,10 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     """One micro-batch's kernels on `hw`, for this stage."""
     cfg, m, tp, t = st.cfg, st.cfg.model, st.cfg.tp, st.tokens
     a = dt.compute
-    gemm_precision = "fp8" if features.float8 else cfg.precision
-    gemm_bytes = 1 if features.float8 else a
+    # Float8 linears run at the fp8 rate; attention and the head stay in the bf16 beside them.
+    base = "bf16" if cfg.precision in FP8 else cfg.precision
+    gemm_precision = "fp8" if dt.float8 else base
+    gemm_bytes = 1 if dt.float8 else a
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     q = m.n_heads * m.head_dim
     attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
@@ -82,7 +94,7 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
 
     gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = 0.0
-    fwd_flops = attention_forward_flops(cfg.micro_batch_size, cfg.seq_len, m.n_heads // tp, m.head_dim)
+    fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
     # Blocks alike (same recomputation, dense or MoE) cost alike: price one of each kind, times how many.
     kinds = Counter((policy(st, layer), m.is_moe_layer(layer)) for layer in st.layers)
     for (how, moe), count in kinds.items():
@@ -94,15 +106,16 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
             if how == "block" or (how == "op" and i in recomputed_op):
                 bwd += one
         if moe:
-            moe_fwd, moe_bwd = _moe_gemms(st, hw, gemm_precision, gemm_bytes, how == "block")
+            # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
+            moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
             fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
-        attn_fwd += count * attention_time(hw, cfg.precision, fwd_flops, backward=False)
-        attn_bwd += count * attention_time(hw, cfg.precision, fwd_flops, forwards=int(how == "block"))
+        attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
+        attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
     if st.last:
         vocab = -(-m.vocab_size // tp)
-        gemm_fwd += linear_time(hw, cfg.precision, t, d, vocab, a, backward=False)
-        gemm_bwd += linear_time(hw, cfg.precision, t, d, vocab, a, forward=False)
+        gemm_fwd += linear_time(hw, base, t, d, vocab, a, backward=False)
+        gemm_bwd += linear_time(hw, base, t, d, vocab, a, forward=False)
 
     per_block = elementwise_bytes(st, dt, features) * t
     recomputing = sum(policy(st, i) != "none" for i in st.layers)
@@ -143,13 +156,16 @@ def _fsdp_copies(st: Stage, dt: Dtypes, hw: Hardware) -> float:
     """FSDP2's copies per micro-batch: each gather copies the shard in and the gathered parameters out (2 ×
     their bytes), each reduce-scatter copies the unsharded gradient into its input in the reduce dtype."""
     cfg = st.cfg
-    if cfg.zero < 2 or cfg.dp == 1:
+    if cfg.zero < 2 or st.sync == 1:
         return 0.0
     gathers = 2 if cfg.zero == 3 else 1
     return memory_time(hw, st.params * (gathers * 2 * dt.gathered + dt.compute + 4))
 
 
 def optimizer_time(st: Stage, hw: Hardware) -> float:
-    """AdamW's step over this rank's share of the parameters (÷dp from ZeRO 1)."""
-    share = st.params // (st.cfg.dp if st.cfg.zero >= 1 else 1)
-    return memory_time(hw, ADAMW_BYTES_PER_PARAM * share)
+    """The optimizer's step over this rank's share of the parameters (÷ the shard group from ZeRO 1): memory-bound,
+    its bytes per parameter by Config.optimizer."""
+    cfg = st.cfg
+    share = st.params // (st.shard_ranks if cfg.zero >= 1 else 1)
+    per_param = STEP_BYTES_PER_PARAM[cfg.optimizer] + (DECAY_BYTES_PER_PARAM[cfg.optimizer] if cfg.weight_decay else 0)
+    return memory_time(hw, per_param * share)

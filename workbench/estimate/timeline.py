@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.estimate.data_parallel import dp_buffers
-from workbench.estimate.model_state import model_state_memory
+from workbench.estimate.model_state import engine_state_bytes, model_state_memory
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.pipeline import peak_in_flight, receive_buffers
 from workbench.estimate.saved_gpu import input_only, largest_rebuilt, loss_transients, stage_saved
@@ -72,14 +72,15 @@ class GpuMemory:
 
 def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     cfg, m = st.cfg, st.cfg.model
-    dp, zero, mb = cfg.dp, cfg.zero, cfg.micro_batches
+    dp, zero, mb = st.shard_ranks, cfg.zero, cfg.micro_batches
     fsdp = zero >= 2
     split = st.expert_params if cfg.ep > 1 else 0
     # Parameters at rest, gradients and moments: FSDP2 shards the parameters at ZeRO 2 as well (it only keeps
     # them gathered between forward and backward), so at rest ZeRO 2 and 3 hold the same.
     at_rest_zero = 3 if fsdp else zero
-    states = [model_state_memory(st.params - split, dp, at_rest_zero),
-              model_state_memory(split, dp // cfg.ep, at_rest_zero)]
+    state = engine_state_bytes(cfg.optimizer)
+    states = [model_state_memory(st.params - split, dp, at_rest_zero, state),
+              model_state_memory(split, cfg.dp // cfg.ep, at_rest_zero, state)]
     parameters, gradients, optimizer = (a + b for a, b in zip(*states))
     if fsdp and cfg.pp > 1:
         gradients = 4 * st.params  # accumulated whole within a pipeline until the step's sync

@@ -67,13 +67,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
+from workbench.engine.precision import DTYPES
 from workbench.schedules import Grid, Kind, config_stages, orders_from_torch, place, split_layers, stages_of_rank
 
 ActionHook = Callable[[Kind, int, int, int, int], None]
 """on_action(kind, stage, microbatch, start_ns, end_ns): one measured F or B."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def model_chunk(model: Transformer, layers: range, *, first: bool, last: bool) -> Transformer:
@@ -266,8 +265,9 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     stages: list[_TimedStage] = []
     for stage_id in stages_of_rank(pp_rank, pp, per_rank):
         chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
-        if cfg.precision in _AUTOCAST_DTYPES and cfg.mixed_precision != "fsdp":  # FSDP2 casts under "fsdp"
-            autocast_forward(chunk, device.type, _AUTOCAST_DTYPES[cfg.precision])
+        # The one table of autocast dtypes (engine/precision.py); under "fsdp" FSDP2 casts the parameters instead.
+        if DTYPES[cfg.precision] is not None and cfg.mixed_precision != "fsdp":
+            autocast_forward(chunk, device.type, DTYPES[cfg.precision])
         if parallelize_chunk is not None:
             chunk = parallelize_chunk(chunk)
         if isinstance(chunk, DistributedDataParallel):
