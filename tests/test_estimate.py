@@ -11,9 +11,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from workbench import links
 from workbench.config import Config, ModelConfig
 from workbench.engine.model import build_model, loss_fn
-from workbench.estimate import ASSUMPTIONS, Estimate, estimate, flops_per_token
+from workbench.estimate import ASSUMPTIONS, GPU_ASSUMPTIONS, Estimate, estimate, flops_per_token
 from workbench.hardware import A100, DATASHEETS, H100, H200, Hardware, measure_cpu, profile, si
 
 TINY = ModelConfig.preset("tiny")
@@ -75,7 +76,7 @@ def test_parameter_bytes_are_the_real_models(preset):
 
 def test_zero_stages_shrink_per_rank_bytes_by_dp():
     base = Config(dp=4, batch_size=16)
-    ddp, z1, z2, z3 = (estimate(base.replace(zero=z)).memory for z in range(4))
+    ddp, z1, z2, z3 = (estimate(base.replace(zero=z), "cpu").memory for z in range(4))
     numel = TINY.num_params
     assert (ddp.parameters, ddp.gradients, ddp.optimizer) == (4 * numel, 4 * numel, 8 * numel)
     assert (z1.parameters, z1.gradients, z1.optimizer) == (4 * numel, 4 * numel, 8 * numel // 4)
@@ -143,12 +144,12 @@ def test_activation_formula_matches_the_tensors_autograd_saves(precision):
     cfg = Config(batch_size=4, seq_len=256, precision=precision)
     tokens = torch.randint(0, 256, (4, 257), generator=torch.Generator().manual_seed(0))
     measured = _saved_bytes(build_model(TINY, seed=0), tokens, precision)
-    predicted = estimate(cfg).memory.activations
+    predicted = estimate(cfg, "cpu").memory.activations
     assert abs(predicted - measured) / measured < 0.01, (predicted, measured)
 
 
 def test_checkpointing_keeps_block_inputs_and_rebuilds_one_block():
-    none, selective, full = (estimate(Config(batch_size=4, seq_len=256, activation_checkpointing=ac)).memory
+    none, selective, full = (estimate(Config(batch_size=4, seq_len=256, activation_checkpointing=ac), "cpu").memory
                              for ac in ("none", "selective", "full"))
     tokens, d, kv_dim, hidden, vocab = 4 * 256, TINY.dim, TINY.kv_heads * TINY.head_dim, TINY.hidden_dim, 256
     # Bytes per token, fp32: norms 16d + 8, projection inputs 8d, attention 4(2d + 2kv_dim) + 4·heads, MLP 16·hidden.
@@ -167,7 +168,7 @@ def test_checkpointing_keeps_block_inputs_and_rebuilds_one_block():
 
 def test_pipeline_schedules_hold_their_in_flight_micro_batches():
     base = Config(pp=2, micro_batches=8, batch_size=16)
-    gpipe, one_f_one_b = estimate(base.replace(schedule="gpipe")), estimate(base)
+    gpipe, one_f_one_b = estimate(base.replace(schedule="gpipe"), "cpu"), estimate(base, "cpu")
     # GPipe keeps all 8 micro-batches on both stages; 1F1B keeps pp - stage of them.
     ratio = gpipe.stages[0].memory.activations / one_f_one_b.stages[0].memory.activations
     assert ratio == pytest.approx(8 / 2, rel=1e-6)
@@ -187,7 +188,9 @@ def test_ddp_all_reduces_the_gradients_once_per_step():
     ar = _by_kind(est, "dp", "all_reduce")
     grads = 4 * TINY.num_params
     assert ar.bytes == grads and ar.wire_bytes == round(2 * 3 / 4 * grads)
-    assert ar.time_s == pytest.approx(ar.wire_bytes / H100.link_bw)
+    # Priced by the one link model: each bucket's all-reduce among 4 GPUs of one NVLink node.
+    node = links.preset("h100-ib", nodes=1, gpus_per_node=4)
+    assert ar.time_s == pytest.approx(ar.calls * links.collective_time("all_reduce", grads / ar.calls, range(4), node))
     assert [c.kind for c in est.comm] == ["all_reduce"]
 
 
@@ -248,15 +251,23 @@ def test_8b_on_8_h100():
     # 6 · 7.50e9 matmul parameters + 12 · 32 · 8192 · 4096 attention = 5.79e10 FLOP/token.
     assert est.flops_per_token == pytest.approx(5.79e10, rel=2e-3)
     mem = est.memory
+    # FSDP2 shards the fp32 parameters and AdamW's moments over the 8 ranks.
     assert mem.parameters == pytest.approx(4 * 8.03e9 / 8, rel=1e-3)
     assert mem.optimizer == pytest.approx(8 * 8.03e9 / 8, rel=1e-3)
+    # The peak follows the step: less than every category at its own peak together, and then what the caching
+    # allocator reserves for it and what lives outside it (the CUDA context, NCCL).
+    assert mem.allocated < mem.categories and mem.peak_at == "loss backward"
+    assert mem.reserved == round(mem.allocated / 0.85) and mem.total == mem.reserved + mem.runtime > mem.reserved
     assert est.fits and 30e9 < mem.total < 80e9
-    assert 0.2 < est.step_time_s < 2.0
-    assert 0.25 < est.mfu <= 0.4
+    # The step is its kernels: the compute split adds up to the rank's compute; the collectives hide behind it.
+    (stage,) = est.stages
+    assert sum(t for _, t in stage.compute_split) == pytest.approx(stage.compute_s)
+    assert est.compute_s == pytest.approx(stage.compute_s) and est.exposed_comm_s < 0.01 * est.step_time_s
+    assert 0.25 < est.mfu < 0.6
     assert est.tokens_per_s == pytest.approx(8 * 8192 / est.step_time_s)
     # Without checkpointing a micro-batch of 8192 tokens needs far more than an H100 has; an H200 has more room.
     bigger = estimate(cfg.replace(activation_checkpointing="none"), "h100")
-    assert not bigger.fits
+    assert not bigger.fits and bigger.headroom < 0 < est.headroom
     assert estimate(cfg, "h200").hardware.memory_bytes > est.hardware.memory_bytes
 
 
@@ -265,7 +276,7 @@ def test_table_reads_in_a_notebook():
     text = est.table()
     assert str(est) == text
     for needle in ("dp2·zero3·bf16", "a100", "parameters", "activations", "total", "fits", "all_gather",
-                   "reduce_scatter", "MFU", "tokens/s"):
+                   "reduce_scatter", "MFU", "tokens/s", "allocated", "reserved", "gemm", "attention"):
         assert needle in text
 
     class Printer:
@@ -278,7 +289,9 @@ def test_table_reads_in_a_notebook():
     printer = Printer()
     est._repr_pretty_(printer, False)
     assert printer.out == text
-    assert len(ASSUMPTIONS) == len(est.assumptions) > 5
+    # Each model states what it assumes: the GPU model for a GPU profile, this engine on CPU kernels for "cpu".
+    assert est.assumptions == GPU_ASSUMPTIONS and len(GPU_ASSUMPTIONS) > 5
+    assert estimate(Config(dp=2), "cpu").assumptions == ASSUMPTIONS and len(ASSUMPTIONS) > 5
 
 
 def test_efficiency_scales_compute_time():
@@ -292,8 +305,8 @@ def test_efficiency_scales_compute_time():
 
 def test_pipeline_bubble():
     cfg = Config(pp=2, micro_batches=2, batch_size=8)
-    single = estimate(Config(batch_size=8, micro_batches=2))
-    piped = estimate(cfg)
+    single = estimate(Config(batch_size=8, micro_batches=2), "cpu")
+    piped = estimate(cfg, "cpu")
     # Two stages share the work, but (m + pp - 1) / m = 3/2 slots pass: the step takes 3/4 of the single rank's.
     head_share = piped.stages[1].flops / (piped.stages[0].flops + piped.stages[1].flops)
     assert piped.compute_s == pytest.approx(single.compute_s * head_share * 3 / 2)
@@ -378,9 +391,27 @@ def test_offload_moves_optimizer_state_to_a_host_figure():
     import workbench as wb
 
     base = wb.Config(dp=2, zero=1, batch_size=8, seq_len=32)
-    on, off = wb.estimate(base.replace(offload=True)).memory, wb.estimate(base).memory
+    on, off = wb.estimate(base.replace(offload=True), "cpu").memory, wb.estimate(base, "cpu").memory
     assert on.optimizer == 0 and off.host == 0
     assert on.host == off.optimizer + 2 * off.parameters // 2  # moments + fp32 master + pinned grads, 1/dp share
     assert on.total == off.total - off.optimizer
-    z3 = wb.estimate(base.replace(zero=3, offload=True)).memory
+    z3 = wb.estimate(base.replace(zero=3, offload=True), "cpu").memory
     assert z3.parameters == z3.gradients == z3.optimizer == 0 and z3.host > 0
+
+
+def test_v_placement_puts_the_embedding_and_the_head_on_rank_0_and_split_backwards_shrink_the_bubble():
+    from workbench.estimate.predict import bubble_slots
+    from workbench.estimate.stage import stage_shape
+    from workbench.schedules import rank_layers
+
+    cfg = Config(pp=2, dp=2, zero=2, schedule="zbv", micro_batches=4, model=ModelConfig(n_layers=4))
+    shapes = [stage_shape(cfg, r, layers) for r, layers in enumerate(rank_layers(cfg))]
+    assert shapes[0].stages == (0, 3) and shapes[0].first and shapes[0].last
+    assert shapes[1].stages == (1, 2) and not shapes[1].first and not shapes[1].last
+    assert shapes[0].params > shapes[1].params  # the embedding and the head
+    # The schedules' formulas at F = I = W, in micro-batch slots of a rank: 1F1B p-1, interleaved (p-1)/v,
+    # ZB-V (p-1)(F+B-2W)/(v(F+B)), DualPipeV (p-1)(F+2B-3W)/(v(F+B)).
+    slots = {s: bubble_slots(Config(pp=4, schedule=s, micro_batches=8, model=ModelConfig(n_layers=8)))
+             for s in ("1f1b", "interleaved_1f1b", "zbv", "dualpipev")}
+    assert slots == {"1f1b": 3.0, "interleaved_1f1b": 1.5, "zbv": 0.5, "dualpipev": 1.0}
+    assert estimate(cfg).compute_s < estimate(dataclasses.replace(cfg, schedule="1f1b", zero=0)).compute_s

@@ -239,7 +239,7 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
     titan_precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.precision, "bfloat16")  # fp8: bf16 beside
     if cfg.precision == "fp16":
         missing.append("precision=fp16 with dynamic loss scaling: torchtitan trains in bf16 (written as bfloat16)")
-    if cfg.precision == "bf16":
+    if cfg.precision == "bf16" and cfg.mixed_precision == "autocast":
         missing.append("bf16 as autocast over fp32 parameters: torchtitan's mixed_precision_param casts the "
                        "parameters FSDP gathers (and applies only under FSDP)")
     if cfg.activation_checkpointing == "selective":
@@ -369,6 +369,8 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     elif cfg.activation_checkpointing == "selective":
         # The workbench checkpoints every other block: torchtitan's layer-wise selective option "2".
         ac_lines = ['mode = "selective"', 'selective_ac_option = "2"  # every 2nd block, as the workbench does']
+    elif cfg.activation_checkpointing == "op":
+        ac_lines = ['mode = "selective"', 'selective_ac_option = "op"  # the per-op policy the workbench runs']
     pp_lines = []
     if cfg.pp > 1:
         pp_lines = [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULE[cfg.schedule]}"',

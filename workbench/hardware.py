@@ -10,6 +10,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 GB = 1e9
 TB = 1e12
@@ -18,7 +19,8 @@ TFLOPS = 1e12
 
 @dataclass(frozen=True)
 class Hardware:
-    """One device: peak dense FLOP/s by precision, memory size and bandwidth, and the per-GPU link bandwidth."""
+    """One device: peak dense FLOP/s by precision, memory size and bandwidth, the per-GPU link bandwidth, and what
+    the estimator's efficiency model needs of it (GPU profiles: kernels' achieved fractions of peak, SMs)."""
 
     name: str
     peak_flops: dict[str, float]
@@ -31,6 +33,18 @@ class Hardware:
     """Bandwidth of one device's link to its peers, bytes/s per direction (NVLink within a node)."""
     measured: bool
     """True when the figures were measured on this machine rather than taken from a datasheet."""
+    kind: Literal["gpu", "cpu"] = "gpu"
+    """What the estimator models: "gpu", the run as CUDA kernels make it (flash attention, the caching
+    allocator, NCCL); "cpu", this engine on CPU kernels (exact for the CPU runs the tests make)."""
+    sms: int = 132
+    """Streaming multiprocessors: how many GEMM output tiles run at once (wave quantization)."""
+    gemm_efficiency: float = 0.0
+    """Fraction of peak a large GEMM (every dim ≥ 4096) reaches; 0: the shared GEMM_EFFICIENCY."""
+    attention_efficiency: float = 0.0
+    """Fraction of the bf16 peak flash attention reaches, forward + backward, causal; 0: no figure (CPU)."""
+    cluster: str = "h100-ib"
+    """The `workbench.links` preset of the nodes these devices sit in (links inside a node and between)."""
+    gpus_per_node: int = 8
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s at `precision`; refuses one the device has no figure for. An fp8 recipe
@@ -42,11 +56,27 @@ class Hardware:
         except KeyError:
             raise ValueError(f"{self.name} has no {precision} peak; it has {sorted(self.peak_flops)}") from None
 
+    def gemm_peak(self, precision: str) -> float:
+        """FLOP/s a large GEMM reaches at `precision`: the peak times the achieved fraction."""
+        return self.peak(precision) * (self.gemm_efficiency or GEMM_EFFICIENCY)
+
     def __str__(self) -> str:
         flops = ", ".join(f"{p} {si(v, 'FLOP/s')}" for p, v in self.peak_flops.items())
         how = "measured" if self.measured else "datasheet"
         return (f"{self.name} ({how}): {flops}; {si(self.memory_bytes, 'B')} at {si(self.mem_bw, 'B/s')}; "
                 f"link {si(self.link_bw, 'B/s')}")
+
+
+GEMM_EFFICIENCY = 790 / 989.5
+"""A bf16 8192³ matmul measured at ~790 TFLOP/s on this project's lent H200 (shared/FACTS.md, "The GPU machine"),
+whose dense bf16 peak is the H100 SXM's 989.5: the fraction of peak a large GEMM reaches, for every GPU profile.
+Smaller or oddly shaped GEMMs lose more (the estimator's wave quantization and memory roofline)."""
+FLASH_ATTENTION_H100 = 335 / 989.5
+"""Dao 2023, "FlashAttention-2" (arXiv 2307.08691), section 4.1: forward + backward reaches up to 335 TFLOP/s
+on an H100 SXM5 (head dim 128, causal counted as half the square); torch's SDPA flash backend is FlashAttention-2."""
+FLASH_ATTENTION_A100 = 0.50
+"""Dao 2023, "FlashAttention-2", abstract: 50-73% of the A100's peak; forward + backward sits at the low end
+(the backward pass is the less efficient one), so the low end is taken."""
 
 
 def si(value: float, unit: str) -> str:
@@ -74,6 +104,26 @@ H100 = Hardware(
     mem_bw=3.35 * TB,
     link_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional per GPU
     measured=False,
+    attention_efficiency=FLASH_ATTENTION_H100,
+)
+
+# The H100 NVL datasheet (same page, NVL column): BF16 1,671 and FP8 3,341 TFLOP/s with sparsity, TF32 835,
+# FP32 60: dense bf16 835.5.
+_H100_NVL_DENSE = {"fp32": 60 * TFLOPS, "tf32": 417.5 * TFLOPS, "bf16": 835.5 * TFLOPS, "fp16": 835.5 * TFLOPS,
+                   "fp8": 1670.5 * TFLOPS}
+
+H100_96GB = Hardware(
+    # The H100s of Meta's Grand Teton hosts that torchtitan's published runs used (torchtitan
+    # benchmarks/llama3_h100_202412_torchtitan.md): 96 GB of HBM2e at 2.4 TB/s, a 500 W power limit, 8 per host
+    # on NVLink, 400 Gb/s RDMA per GPU between hosts. Its footnote: "the actual peak TFLOPs number is between SXM
+    # and NVL, and we don't know its exact value" -- so the midpoint of the two datasheets' dense figures.
+    name="h100-96gb",
+    peak_flops={k: (v + _H100_NVL_DENSE[k]) / 2 for k, v in H100.peak_flops.items()},
+    memory_bytes=96 * GB,
+    mem_bw=2.4 * TB,
+    link_bw=450 * GB,
+    measured=False,
+    attention_efficiency=FLASH_ATTENTION_H100,
 )
 
 H200 = Hardware(
@@ -85,20 +135,25 @@ H200 = Hardware(
     mem_bw=4.8 * TB,
     link_bw=450 * GB,
     measured=False,
+    attention_efficiency=FLASH_ATTENTION_H100,
 )
 
 A100 = Hardware(
     # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column (nvidia.com/en-us/data-center/a100): FP32 19.5,
-    # TF32 156 and BF16/FP16 312 TFLOP/s dense (312/624 with sparsity); HBM2e at 2,039 GB/s; no FP8.
+    # TF32 156 and BF16/FP16 312 TFLOP/s dense (312/624 with sparsity); HBM2e at 2,039 GB/s; no FP8; 108 SMs
+    # (NVIDIA A100 Tensor Core GPU Architecture whitepaper).
     name="a100",
     peak_flops={"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
     memory_bytes=80 * GB,
     mem_bw=2.039 * TB,
     link_bw=300 * GB,  # NVLink 3: 600 GB/s bidirectional per GPU
     measured=False,
+    sms=108,
+    attention_efficiency=FLASH_ATTENTION_A100,
+    cluster="a100-ib",
 )
 
-DATASHEETS: dict[str, Hardware] = {h.name: h for h in (H100, H200, A100)}
+DATASHEETS: dict[str, Hardware] = {h.name: h for h in (H100, H100_96GB, H200, A100)}
 
 GLOO_LOOPBACK_BW = 0.85 * GB
 """gloo all-reduce bus bandwidth between two ranks on one 2-core machine (16-64 MiB payloads), measured for this
@@ -106,7 +161,8 @@ project; the CPU profile's link, since ranks on one machine talk through loopbac
 
 
 def profile(name: str) -> Hardware:
-    """A profile by name: "h100", "h200", "a100" (datasheets) or "cpu" (measured here, once per process)."""
+    """A profile by name: "h100" (SXM), "h100-96gb" (torchtitan's 500 W H100s), "h200", "a100" (datasheets) or
+    "cpu" (measured here, once per process)."""
     key = name.lower()
     if key == "cpu":
         return measure_cpu()
@@ -115,6 +171,15 @@ def profile(name: str) -> Hardware:
     except KeyError:
         raise ValueError(f"unknown hardware {name!r}; use one of {sorted([*DATASHEETS, 'cpu'])} "
                          "or pass a Hardware(...)") from None
+
+
+def cpu_with_peak(precision: str, peak_flops: float) -> Hardware:
+    """This machine's CPU profile from a matmul peak the ranks already measured (StepMetrics' mfu basis), without
+    measuring again or importing torch in the notebook; memory bandwidth is left unmeasured (0: the CPU model does
+    not read it)."""
+    return Hardware(name="cpu", peak_flops={precision: peak_flops},
+                    memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), mem_bw=0.0,
+                    link_bw=GLOO_LOOPBACK_BW, measured=True, kind="cpu", sms=1, cluster="", gpus_per_node=1)
 
 
 @functools.cache
@@ -134,6 +199,10 @@ def measure_cpu(budget_s: float = 0.3) -> Hardware:
         mem_bw=_copy_bandwidth(torch),
         link_bw=GLOO_LOOPBACK_BW,
         measured=True,
+        kind="cpu",
+        sms=1,
+        cluster="",
+        gpus_per_node=1,
     )
 
 

@@ -23,8 +23,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from workbench.config import Config, ConfigError, ModelConfig, divisors
+from workbench.config import FP8, Config, ConfigError, ModelConfig, divisors
 from workbench.estimate import Estimate, estimate
+from workbench.estimate.options import NO_FEATURES, Features
 from workbench.hardware import Hardware, profile, si
 from workbench.schedules import MULTI_STAGE, SPLIT_BACKWARD, virtual_stages
 
@@ -94,7 +95,10 @@ AXES: tuple[Axis, ...] = (
     # The cp ranks average gradients with the dp ranks: ZeRO shards over dp·cp.
     Axis("zero", lambda c, p: [0, 1, 2, 3] if c["dp"] * c["cp"] > 1 else [0]),
     Axis("dp_replicate", _hsdp),
-    Axis("activation_checkpointing", lambda c, p: ["none", "selective", "full"]),
+    # FSDP2 mixed precision (torchtitan's bf16) where it applies: bf16 (or fp8 beside bf16) under ZeRO 2/3.
+    Axis("mixed_precision", lambda c, p: ["autocast", "fsdp"] if c["zero"] >= 2 and p.precision in ("bf16", *FP8)
+         else ["autocast"]),
+    Axis("activation_checkpointing", lambda c, p: ["none", "selective", "op", "full"]),
 )
 """The layout axes, in the order they are chosen; values of a later axis may depend on earlier choices."""
 
@@ -138,9 +142,19 @@ class Plan:
 
     inputs: PlanInputs
     hardware: Hardware
-    efficiency: float
+    efficiency: float | None
+    """The stated MFU assumption every estimate ran at; None: the profile's own model (GPU kernel by kernel)."""
     ranked: tuple[Candidate, ...]
     refused: tuple[Candidate, ...]
+    features: Features = NO_FEATURES
+
+    @property
+    def basis(self) -> str:
+        """How the times were predicted, in words: the stated efficiency, or the profile's own model."""
+        if self.efficiency is not None:
+            return f"{self.efficiency:.0%} of {self.hardware.name} peak (a stated efficiency)"
+        return f"the {self.hardware.kind} kernel model of {self.hardware.name}" + (
+            f", modelling {self.features.describe()}" if self.features != NO_FEATURES else "")
 
     @property
     def best(self) -> Candidate:
@@ -165,17 +179,19 @@ class Plan:
         for i, c in enumerate(self.top(n), 1):
             e, cfg = c.estimate, c.config
             rows.append({"#": str(i), "layout": cfg.layout, "dp": str(cfg.dp), "cp": str(cfg.cp), "tp": str(cfg.tp),
-                         "pp": str(cfg.pp), "zero": str(cfg.zero) + (f" hsdp{cfg.dp_replicate}" if cfg.hsdp else ""), "schedule": cfg.schedule if cfg.pp > 1 else "-",
+                         "pp": str(cfg.pp), "zero": str(cfg.zero) + (f" hsdp{cfg.dp_replicate}" if cfg.hsdp else ""),
+                         "schedule": cfg.schedule if cfg.pp > 1 else "-",
                          "micro": str(cfg.micro_batches), "recompute": cfg.activation_checkpointing,
+                         "bf16": cfg.mixed_precision if cfg.precision in ("bf16", *FP8) else "-",
                          "step": f"{e.step_time_s * 1e3:,.0f} ms",
                          "tokens/s/GPU": f"{e.tokens_per_s / cfg.world_size:,.0f}", "MFU": f"{e.mfu:.0%}",
-                         "memory/rank": si(e.memory.total, "B")})
+                         "memory/rank": si(e.memory.total, "B"), "headroom": si(e.headroom, "B")})
         return rows
 
     def table(self, n: int = 10) -> str:
         p = self.inputs
         head = (f"plan  {p.model.num_params / 1e9:.2f} B-parameter model on {p.gpus} × {self.hardware.name}, global "
-                f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; efficiency {self.efficiency:.0%} of peak")
+                f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; predicted by {self.basis}")
         rows = self.rows(n)
         lines = [head]
         if rows:
@@ -197,15 +213,19 @@ class Plan:
 
 
 def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int = 8, global_batch: int = 64, *,
-         seq_len: int = 2048, precision: str = "bf16", efficiency: float = 0.4, max_micro_batches: int = 32,
-         gpus_per_node: int = 8, min_cp_tokens: int = 2048, base: Config | None = None) -> Plan:
+         seq_len: int = 2048, precision: str = "bf16", efficiency: float | None = None, max_micro_batches: int = 32,
+         gpus_per_node: int = 8, min_cp_tokens: int = 2048, base: Config | None = None,
+         features: Features = NO_FEATURES) -> Plan:
     """Rank every valid layout of `model` on `gpus` devices by predicted step time, with memory fit per rank.
 
     global_batch: sequences per optimizer step (Config.batch_size); seq_len, precision: fixed for every layout.
-    efficiency: the MFU assumption the estimator runs at (see `wb.estimate`).
+    efficiency: None for the profile's own model, or a stated MFU assumption (see `wb.estimate`).
     gpus_per_node: HSDP is tried with one shard group per node; min_cp_tokens: context parallel is tried while
     every rank keeps at least this many tokens of a sequence.
     base: other Config fields (lr, seed, stages_per_rank, ...) every candidate keeps.
+    features: published-run settings the engine lacks, modelled for every layout (`wb.estimate`'s).
+    A layout is refused only when it is invalid (Config's own refusal) or does not fit by the estimate's
+    device total (the caching allocator's reserve at the step's peak, the CUDA context and NCCL).
     """
     model = ModelConfig.preset(model) if isinstance(model, str) else model
     hw = profile(hardware) if isinstance(hardware, str) else hardware
@@ -224,19 +244,19 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
         except ConfigError as e:
             refused.append(Candidate(choice, None, None, f"invalid: {e}"))
             continue
-        est = estimate(cfg, hw, efficiency=efficiency)
+        est = estimate(cfg, hw, efficiency=efficiency, features=features)
         if est.fits:
             ranked.append(Candidate(choice, cfg, est))
         else:
             refused.append(Candidate(choice, cfg, est, f"does not fit: {si(est.memory.total, 'B')} per rank of "
                                                        f"{si(hw.memory_bytes, 'B')}"))
     ranked.sort(key=lambda c: (c.step_time_s, c.estimate.memory.total))
-    return Plan(inputs, hw, efficiency, tuple(ranked), tuple(refused))
+    return Plan(inputs, hw, efficiency, tuple(ranked), tuple(refused), features)
 
 
 # -- onto the local pool --------------------------------------------------------------------------------------
 LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "schedule", "micro_batches", "stages_per_rank", "zero", "dp_replicate",
-                 "activation_checkpointing", "precision")
+                 "activation_checkpointing", "precision", "mixed_precision")
 """What a planned layout carries to the local pool; the model, batch, sequence and optimizer stay the local ones."""
 
 
@@ -283,6 +303,7 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
         why = "the local model is dense" if not experts else f"ep divides dp={dp} and the {experts} experts"
         changes.append(f"ep {layout.ep}→{ep} ({why})")
     zero, micro = layout.zero, layout.micro_batches
+    mixed = layout.mixed_precision
     if zero and dp * cp == 1:
         changes.append(f"zero {zero}→0 (no dp ranks to shard across)")
         zero = 0
@@ -334,6 +355,10 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
         changes.append(f"seq_len {seq}→{new} (a multiple of 2·cp·tp = {step})")
         seq = new
     settings = {f: getattr(layout, f) for f in LAYOUT_FIELDS}
-    settings.update(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, dp_replicate=replicate, micro_batches=micro)
+    if mixed == "fsdp" and zero < 2:
+        changes.append("mixed_precision fsdp→autocast (FSDP2's mixed precision needs zero 2 or 3)")
+        mixed = "autocast"
+    settings.update(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, dp_replicate=replicate, micro_batches=micro,
+                    mixed_precision=mixed)
     cfg = dataclasses.replace(onto, batch_size=batch, seq_len=seq, **settings)
     return Scaled(cfg, tuple(changes))

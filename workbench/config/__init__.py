@@ -21,6 +21,7 @@ from workbench.config.choices import (
     FP8,
     CompileBackend,
     Compression,
+    MixedPrecision,
     Optimizer,
     Precision,
     Recompute,
@@ -32,6 +33,7 @@ from workbench.config.help_text import (
     COMPILE_HELP,
     COMPRESSION_HELP,
     CUDA_GRAPHS_HELP,
+    MIXED_PRECISION_HELP,
     OFFLOAD_HELP,
     OPTIMIZER_HELP,
     PRECISION_HELP,
@@ -45,7 +47,7 @@ from workbench.config.run import Config
 
 __all__ = [
     "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
-    "ConfigError", "Degrees", "FP8", "MeshLayout", "ModelConfig", "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer",
-    "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP", "Recompute", "SCHEDULE_HELP", "Schedule",
-    "ZERO_HELP", "checkpointed_blocks", "divisors",
+    "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
+    "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
+    "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors",
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
+MixedPrecision = Literal["autocast", "fsdp"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"]
 FP8 = ("fp8_tensorwise", "fp8_rowwise")
 """torchao's Float8 training recipes: the linear layers' matmuls in fp8, everything else in bf16 autocast."""
@@ -26,4 +27,4 @@ def checkpointed_blocks(block_indices: list[int], mode: Recompute) -> list[int]:
     if mode == "selective":
         # By global index, so a pipeline split recomputes the same blocks as the whole model.
         return [i for i in block_indices if i % 2 == 0]
-    return []
+    return []  # "op" recomputes inside every block, op by op, and checkpoints none of them whole

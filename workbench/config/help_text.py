@@ -42,6 +42,13 @@ RECOMPUTE_HELP = {
     "none": "no activation checkpointing: every activation kept for backward",
     "selective": "checkpoint every other transformer block: less memory, some recomputation",
     "full": "checkpoint every transformer block: least activation memory, one extra forward",
+    "op": "per op in every block (torchtitan's selective op policy): keep every other matmul's output and "
+          "attention's, recompute the rest (norms, rotary, wk/wo/w3, SwiGLU) in backward",
+}
+MIXED_PRECISION_HELP = {
+    "autocast": "bf16 by autocast: fp32 parameters, each weight cast to bf16 where it is used",
+    "fsdp": "FSDP2 mixed precision (ZeRO 2/3): bf16 parameters gathered for compute, fp32 shards, gradients and "
+            "optimizer state, gradients reduced in fp32; the residual stream and norms run in bf16",
 }
 OPTIMIZER_HELP = {
     "adamw": "AdamW: two fp32 moments per parameter (8 B of optimizer state per parameter)",

@@ -180,4 +180,10 @@ PRESETS: dict[str, ModelConfig] = {
     # Llama-3-8B shape
     "8b": ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=14336,
                       max_seq_len=8192, rope_theta=500000.0),
+    # Llama-3.1-70B shape (torchtitan's llama3 "70B": dim 8192, 80 layers, 64 heads, 8 kv heads, ffn 28672)
+    "70b": ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, ffn_dim=28672,
+                       max_seq_len=8192, rope_theta=500000.0),
+    # Llama-3.1-405B shape (torchtitan's llama3 "405B": dim 16384, 126 layers, 128 heads, 8 kv heads, ffn 53248)
+    "405b": ModelConfig(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256, ffn_dim=53248,
+                        max_seq_len=8192, rope_theta=500000.0),
 }

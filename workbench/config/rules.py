@@ -168,6 +168,18 @@ def offload_has_plain_parameters(cfg: Config) -> None:
                      "zero 0/1 holds plain tensors, not tensor-parallel DTensors)", "set tp=1 or offload=False")
 
 
+def fsdp_mixed_precision_has_its_setting(cfg: Config) -> None:
+    if cfg.mixed_precision != "fsdp":
+        return
+    if cfg.zero < 2:
+        raise refuse("mixed_precision", f"'fsdp' is FSDP2's MixedPrecisionPolicy, and zero={cfg.zero} is not "
+                     "FSDP2", 'use zero=2 or 3, or mixed_precision="autocast"')
+    if cfg.precision not in ("bf16", *FP8):
+        # fp8 keeps bf16 beside its Float8 linears, as torchtitan runs Float8 under FSDP2's bf16 policy.
+        raise refuse("mixed_precision", f"'fsdp' casts the parameters to bf16 for compute; precision="
+                     f"{cfg.precision!r}", 'set precision="bf16" (or an fp8 one), or mixed_precision="autocast"')
+
+
 def compile_settings_fit(cfg: Config) -> None:
     """CUDA Graphs are torch.compile's; they replay kernels on inputs that stay where they were captured."""
     if cfg.cuda_graphs and not cfg.compile:
@@ -215,6 +227,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     compression_has_a_sync_to_compress,
     hierarchical_exchange_has_experts,
     offload_has_plain_parameters,
+    fsdp_mixed_precision_has_its_setting,
     compile_settings_fit,
     fp8_fits,
 )

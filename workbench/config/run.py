@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, ExpertExchange, Optimizer
+from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, ExpertExchange, MixedPrecision
+from workbench.config.choices import Optimizer
 from workbench.config.choices import Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
@@ -67,10 +68,15 @@ class Config:
     """Model chunks per pipeline rank for "interleaved_1f1b" and "interleaved_zb" (ignored by the others; "zbv"
     and "dualpipev" always hold 2, in V placement)."""
     activation_checkpointing: Recompute = "none"
-    """Recompute activations in backward: "none", "selective" (every other block) or "full"."""
+    """Recompute activations in backward: "none", "selective" (every other block), "full", or "op" (per op in
+    every block: torchtitan's selective op policy, every other matmul output and the attention output kept)."""
     precision: Precision = "fp32"
     """"fp32", "bf16" (autocast), "fp16" (autocast + dynamic loss scaling), or "fp8_tensorwise" / "fp8_rowwise"
     (torchao Float8 linears, bf16 elsewhere; a GPU with fp8, sm_89 or newer). See PRECISION_HELP."""
+    mixed_precision: MixedPrecision = "autocast"
+    """How bf16 (and fp8's bf16 beside the Float8 linears) runs under ZeRO 2/3: "autocast" (fp32 parameters, cast
+    per use) or "fsdp" (FSDP2's MixedPrecisionPolicy, as torchtitan: bf16 parameters gathered for compute, fp32
+    shards and optimizer, gradients reduced in fp32 or the compression's dtype). See MIXED_PRECISION_HELP."""
     batch_size: int = 16
     """Sequences per optimizer step, across all data-parallel ranks (the global batch)."""
     seq_len: int = 128
@@ -153,7 +159,7 @@ class Config:
         if self.activation_checkpointing != "none":
             parts.append(f"ac:{self.activation_checkpointing}")
         if self.precision != "fp32":
-            parts.append(self.precision)
+            parts.append(self.precision + ("-fsdp" if self.mixed_precision == "fsdp" else ""))
         if self.compression != "none":
             parts.append(f"{self.compression}-sync" if self.compression != "powersgd"
                          else f"powersgd{self.powersgd_rank}")

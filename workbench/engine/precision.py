@@ -1,9 +1,16 @@
-"""Precision: fp32, bf16 autocast, fp16 autocast with dynamic loss scaling.
+"""Precision: fp32, bf16 autocast, fp16 autocast with dynamic loss scaling, bf16 by FSDP2 mixed precision.
 
 Parameters, gradients and optimizer state stay fp32 in every mode; autocast
 runs the matmuls in the low precision and the loss in fp32 (`loss_fn`), the
 same way in every layout, so a parallel run can be compared with a
 single-process one.
+
+Config.mixed_precision "fsdp" (bf16 under ZeRO 2/3) is torchtitan's way instead:
+FSDP2's MixedPrecisionPolicy (`parallel.data_parallel.fsdp_policies`) casts each
+unit's parameters to bf16 when it gathers them, so every op of the model, the
+norms and residual adds too, runs in bf16 with no autocast; the fp32 shards stay
+the master copy the optimizer updates, and gradients are reduced in fp32. Here
+that only means: no autocast.
 
 fp16 overflows where bf16 does not, so its loss is multiplied by a scale
 before backward and the gradients divided by it before the optimizer
@@ -38,7 +45,8 @@ class MixedPrecision:
 
     def __init__(self, cfg: Config, device_type: str) -> None:
         self.device_type = device_type
-        self.dtype = DTYPES[cfg.precision]
+        # Under FSDP2 mixed precision the parameters arrive in bf16 already: autocast would change nothing.
+        self.dtype = None if cfg.mixed_precision == "fsdp" else DTYPES[cfg.precision]
         self.scaler = torch.amp.GradScaler(device_type, enabled=cfg.precision == "fp16")
         if self.scaler.is_enabled():
             # GradScaler creates its scale on the first scale() call, which pipeline stages without

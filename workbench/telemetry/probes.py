@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from workbench.estimate import flops_per_token
+from workbench.flops import flops_per_token
 from workbench.telemetry.activations import ActivationMeter
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.grad_sync import grad_sync_bytes

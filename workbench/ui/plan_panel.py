@@ -120,8 +120,7 @@ def _table(p: Plan, top: int) -> str:
     rows = p.rows(top)
     summary = ", ".join(f"{k}: {v}" for k, v in p.refusal_summary().items())
     foot = (f"<div style='font-size:12px'>{len(p.ranked)} of {len(p.ranked) + len(p.refused)} layouts fit; refused "
-            f"— {html.escape(summary) or 'none'}. Predicted at {p.efficiency:.0%} of {html.escape(p.hardware.name)} "
-            "peak (the estimator's stated efficiency).</div>")
+            f"— {html.escape(summary) or 'none'}. Predicted by {html.escape(p.basis)}.</div>")
     if not rows:
         return "<b>no layout fits</b>" + foot
     head = "".join(f"<th style='padding:2px 6px'>{html.escape(k)}</th>" for k in rows[0])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.config import PRESETS, Config
+from workbench.hardware import si
 from workbench.telemetry.store import Snapshot
 from workbench.ui.panels import static_figures
 
@@ -53,7 +54,38 @@ def report(bench: "Workbench", path: str | Path = "run.html", title: str = "work
     """Write `bench`'s plots and layouts to `path` (plotly's JavaScript embedded once); returns the path."""
     pool = bench.pool
     facts = {"ranks": str(pool.world_size), "device": pool.device, "backend": pool.backend or "?"}
-    return write_report(bench.store.snapshot(), pool.world_size, facts, path, title)
+    snap = bench.store.snapshot()
+    # On CPU ranks the estimate's CPU model is the one that describes them (GPU profiles await the dashboard).
+    comparison = _comparison(snap) if pool.device == "cpu" else ""
+    return write_report(snap, pool.world_size, facts, path, title, comparison)
+
+
+def _comparison(snap: Snapshot) -> str:
+    """The last layout's estimate beside its measured steps (`workbench.estimate.compare`), as a table; the CPU
+    profile is the matmul peak the ranks measured for their MFU (no measuring, no torch, in the notebook)."""
+    from workbench.estimate import estimate
+    from workbench.estimate.compare import compare
+    from workbench.hardware import cpu_with_peak
+
+    if not snap.layout_changes:
+        return ""
+    change = snap.layout_changes[-1]
+    metrics = [m for r in snap.ranks for m in snap.steps(r) if m.step >= change.step]
+    rated = [m for m in metrics if m.mfu and m.step_time_s]
+    if not rated:
+        return ""
+    hardware = cpu_with_peak(change.config.precision, rated[-1].flops / rated[-1].step_time_s / rated[-1].mfu)
+    cells = [(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit),
+              "" if r.error_pct is None else f"{r.error_pct:+.1f}%")
+             for r in compare(estimate(change.config, hardware), metrics)]
+    head = "".join(f"<th>{h}</th>" for h in ("quantity", "predicted", "measured", "error"))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    title = f"Predicted beside measured ({html.escape(change.layout)}, cpu)"
+    return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value * 1e3:,.1f} ms" if unit == "s" else si(value, "B")
 
 
 def report_from_metrics(metrics: str | Path, path: str | Path = "run.html", config: Config | str | Path | None = None,
@@ -78,7 +110,7 @@ def report_from_metrics(metrics: str | Path, path: str | Path = "run.html", conf
 
 
 def write_report(snap: Snapshot, world_size: int, facts: dict[str, str], path: str | Path,
-                 title: str = "workbench session") -> Path:
+                 title: str = "workbench session", comparison: str = "") -> Path:
     """One self-contained HTML page of a snapshot's plots and layouts, with `facts` in its summary table."""
     figures = static_figures(snap, world_size)
     plots = []
@@ -88,7 +120,7 @@ def write_report(snap: Snapshot, world_size: int, facts: dict[str, str], path: s
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     document = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
                 f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>written {stamp}</p>"
-                f"{_summary(facts, snap)}<h2>Layouts</h2>{_layout_table(snap)}"
+                f"{_summary(facts, snap)}<h2>Layouts</h2>{_layout_table(snap)}{comparison}"
                 f"<h2>Plots</h2><div class='plots'>{''.join(plots)}</div></body></html>")
     path = Path(path)
     path.write_text(document, encoding="utf-8")

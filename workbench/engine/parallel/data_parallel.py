@@ -135,17 +135,26 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
 
 
 def _fsdp_policies(dp_mesh: DeviceMesh, cfg: Config) -> dict:
-    """FSDP2's knobs for Config.compression and Config.offload (zero 2/3).
+    """FSDP2's knobs for Config.mixed_precision, Config.compression and Config.offload (zero 2/3).
 
-    compression "fp16"/"bf16": gradients reduce-scattered in that dtype (parameters stay fp32; the
-    precision setting is autocast's business). offload: CPUOffloadPolicy keeps the parameter and
-    gradient shards and so the optimizer state and step on the host; each all-gather first copies the
-    shard to the device (pinned memory on CUDA). That offloads more than ZeRO-Offload (which keeps
+    mixed_precision "fsdp": parameters cast to bf16 as they are gathered (the compute runs in bf16, the fp32
+    shards stay the master copy), gradients reduced in fp32 unless compression says fp16/bf16; FSDP2 would
+    otherwise reduce in the parameters' bf16. compression "fp16"/"bf16" alone: gradients reduce-scattered in that
+    dtype (parameters stay fp32; the precision setting is autocast's business). offload: CPUOffloadPolicy keeps
+    the parameter and gradient shards and so the optimizer state and step on the host; each all-gather first
+    copies the shard to the device (pinned memory on CUDA). That offloads more than ZeRO-Offload (which keeps
     fp16 parameters on the device), traded for one host-to-device copy of the shard per gather.
     """
     policies: dict = {}
     reduce_dtype = fsdp_reduce_dtype(cfg)
-    if reduce_dtype is not None:
+    if cfg.mixed_precision == "fsdp":
+        # cast_forward_inputs off: every block is also handed the rotary table, which must stay fp32 (cast, it
+        # would rotate in bf16, and each block would keep its own bf16 copy for backward). The activations need
+        # no cast: the bf16 embedding makes the residual stream bf16 from the first block on.
+        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=reduce_dtype or torch.float32,
+                                                     cast_forward_inputs=False)
+    elif reduce_dtype is not None:
         policies["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     if cfg.offload:
         policies["offload_policy"] = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda")

@@ -296,7 +296,8 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     stages: list[_TimedStage] = []
     for stage_id in config_rank_stages(cfg, pp_rank):
         chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
-        if DTYPES[cfg.precision] is not None:  # the one table of autocast dtypes (engine/precision.py)
+        # The one table of autocast dtypes (engine/precision.py); under "fsdp" FSDP2 casts the parameters instead.
+        if DTYPES[cfg.precision] is not None and cfg.mixed_precision != "fsdp":
             autocast_forward(chunk, device.type, DTYPES[cfg.precision])
         if parallelize_chunk is not None:
             chunk = parallelize_chunk(chunk)

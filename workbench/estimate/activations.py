@@ -1,0 +1,81 @@
+"""Activations as this engine's model saves them on CPU kernels: the tensors autograd keeps for backward, term by
+term, each storage once however many ops save it. Exact for the CPU runs (tests/test_estimate_vs_measured.py)."""
+
+from __future__ import annotations
+
+from workbench.estimate.expert import moe_activations
+from workbench.estimate.options import dtypes
+from workbench.estimate.recompute import op_block, policy
+from workbench.estimate.stage import Stage
+
+
+def block_activations(st: Stage) -> int:
+    """Bytes one block saves for backward for one micro-batch, measured term by term on this model.
+
+    Per token, with a = 2 under autocast else 4, sequence-parallel parts ÷ tp:
+      two RMSNorms: input, 1/rms and x/rms in fp32          (16·dim + 8) ÷ tp
+      inputs of wq,wk,wv and w1,w3 (gathered, full length)  8·dim fp32; 10·dim under autocast (one cast each);
+                                                            4·dim under FSDP2 mixed precision (bf16 outputs)
+      attention: rotated q and k, v, output; logsumexp      (a·(2·dim + 2·kv_dim) + 4·heads) ÷ tp
+      SwiGLU: w1 out, silu out, w3 out, product             4·a·hidden ÷ tp
+    plus, under autocast, the 2-byte copy of the block's weights. Every norm saves its input twice (for the
+    square and for the product with 1/rms), one storage; in the first block under tp that input is the
+    embedding's reduce-scatter output, a wrapper around the collective's result, one sharded residual all the
+    same.
+    """
+    m, tp, a = st.cfg.model, st.cfg.tp, st.act_bytes
+    kv_dim = m.kv_heads * m.head_dim
+    sharded = 16 * m.dim + 8 + a * (2 * m.dim + 2 * kv_dim) + 4 * m.n_heads + 4 * a * m.hidden_dim
+    # CPU's RMSNorm upcasts a bf16 input, so the norms save fp32 whatever the residual's dtype.
+    gathered = 10 * m.dim if st.autocast else 4 * m.dim if st.residual_bytes == 2 else 8 * m.dim
+    casts = 2 * st.block_matmul if st.autocast else 0
+    return round(st.tokens * (sharded / tp + gathered)) + casts
+
+
+def layer_activations(st: Stage, layer: int) -> int:
+    """Bytes block `layer` saves for one micro-batch (a MoE block differs from a dense one in its FFN); under the
+    per-op policy what it keeps (`recompute.op_block`: the same tensors on CPU kernels as on GPU ones)."""
+    moe = moe_activations(st) if st.cfg.model.is_moe_layer(layer) else 0
+    if policy(st, layer) == "op":
+        return op_block(st, dtypes(st.cfg)) + moe
+    return block_activations(st) + moe
+
+
+def edge_activations(st: Stage, first: bool, last: bool) -> int:
+    """Bytes saved outside the blocks: token ids (first stage); final norm, head input, log-probs (last)."""
+    m, tp = st.cfg.model, st.cfg.tp
+    saved = 8 * st.tokens if first else 0
+    if last:
+        head_input = st.act_bytes * m.dim
+        # log_softmax keeps its fp32 output over the whole (gathered) vocabulary, plus the int64 targets.
+        per_token = (8 * m.dim + 4) / tp + head_input + 4 * m.vocab_size + 8
+        saved += round(st.tokens * per_token) + (2 * st.head if st.autocast else 0)
+    return saved
+
+
+def stage_activations(st: Stage) -> dict[int, int]:
+    """Bytes one micro-batch leaves saved in each pipeline stage this rank holds, by global stage index.
+
+    A stage after the first saves its input where it arrived: torch's receive buffer for that micro-batch, which
+    is held between steps whatever is in flight and counted under buffers, so the first block's figure is
+    taken without it.
+    """
+    per_chunk = len(st.layers) // st.chunks
+    saved = {}
+    for c, stage in enumerate(st.stages):
+        layers = st.layers[c * per_chunk:(c + 1) * per_chunk]
+        kept = sum(layer_activations(st, i) for i in layers if not st.is_checkpointed(i)) \
+            + st.count_checkpointed(layers) * st.residual()
+        received = st.residual() if stage > 0 else 0
+        saved[stage] = kept + edge_activations(st, stage == 0, stage == st.last_stage) - received
+    return saved
+
+
+def rebuilt_block(st: Stage) -> int:
+    """The largest block backward rebuilds at a time under recomputation (0 without): a transient of backward."""
+    moe = moe_activations(st) if st.moe_layers else 0
+    if st.cfg.activation_checkpointing == "op":
+        return block_activations(st) + moe
+    rebuilt = [block_activations(st) + (moe_activations(st) if st.cfg.model.is_moe_layer(i) else 0)
+               for i in st.layers if st.is_checkpointed(i)]
+    return max(rebuilt) if rebuilt else 0

@@ -1,0 +1,34 @@
+"""FLOPs a rank executes per step (recomputation included), and the compute time they take."""
+
+from __future__ import annotations
+
+from workbench.estimate.stage import Stage
+from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_active_ffn_params
+
+
+def op_recomputed_params(m) -> int:
+    """Weight elements of the matmuls the per-op policy recomputes in a block (torchtitan's "op": the 2nd, 4th
+    and 6th mm of wq, wk, wv, wo, w1, w3, w2: wk, wo, w3)."""
+    return m.dim * m.kv_heads * m.head_dim + m.n_heads * m.head_dim * m.dim + m.dim * m.hidden_dim
+
+
+def executed_flops(st: Stage) -> float:
+    """FLOPs one rank of this stage executes per step: forward and backward of its blocks (and the head on the
+    last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp."""
+    cfg, m = st.cfg, st.cfg.model
+    block_full, head_full = block_matmul_params(m), head_params(m)
+    attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
+    block_train = 3 * (2 * block_full + attn_fwd)
+    recompute = 2 * block_full + attn_fwd
+    per_token = len(st.layers) * block_train + st.checkpointed * recompute + st.last * 3 * 2 * head_full
+    if cfg.activation_checkpointing == "op":
+        # The per-op policy recomputes every other matmul of each block: wk, wo and w3.
+        per_token += len(st.layers) * 2 * op_recomputed_params(m)
+    replicated = 0  # per token, computed whole on every tp rank
+    if m.n_experts:
+        # A MoE FFN runs the router, top_k experts and the shared expert, replicated over tp, instead of the dense
+        # SwiGLU's 1/tp; its forward runs again where the block is checkpointed.
+        runs = 3 * len(st.moe_layers) + sum(st.is_checkpointed(i) for i in st.moe_layers)
+        per_token -= runs * 2 * mlp_params(m)
+        replicated = runs * 2 * moe_active_ffn_params(m)
+    return (per_token / cfg.tp + replicated) * st.tokens * cfg.micro_batches

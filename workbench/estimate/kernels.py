@@ -1,0 +1,95 @@
+"""How long GPU kernels take: GEMMs by shape, flash attention, and memory-bound kernels by the bytes they move.
+
+One model for every GPU profile and every layout, its constants cited here and in `hardware.py`:
+- a GEMM runs its output in tiles, one wave of tiles per SM at a time (NVIDIA Deep Learning Performance
+  Guide, "Matrix Multiplication Background": tile and wave quantization); a wave that is not full wastes the
+  idle SMs' share. Its time is the larger of its FLOPs at the profile's large-GEMM rate over that wave
+  efficiency, and its bytes (A, B and C once) at the memory's streaming rate (the roofline);
+- flash attention at the profile's measured fraction of peak (FlashAttention-2's own figures), causal FLOPs
+  counted as half the square and the backward as 2.5 forwards, as the FlashAttention papers count them;
+- everything else (norms, rotary, activations, residual adds, casts, the loss, the optimizer) is memory bound:
+  the bytes it reads and writes at the memory's streaming rate.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from workbench.hardware import GEMM_EFFICIENCY, Hardware
+
+TILE = (128, 256)
+"""Output tile (rows × columns) of cuBLAS's large bf16 GEMM kernels on Ampere and Hopper (the 256×128 tiles of
+NVIDIA's "Matrix Multiplication Background" guide): wave quantization counts these per SM."""
+MEASURED_SHAPE = 8192
+"""The square GEMM behind hardware.GEMM_EFFICIENCY (shared/FACTS.md): its own wave efficiency is divided out,
+so a shape with full waves runs a little faster than that figure."""
+MEMORY_EFFICIENCY = 0.9
+"""Fraction of HBM bandwidth that streaming kernels (copies, elementwise ops, reductions) reach on NVIDIA data
+centre GPUs: BabelStream-class benchmarks reach about 90% of the datasheet figure. An assumption, not measured
+here."""
+FLASH_BACKWARD_RATIO = 2.5
+"""FLOPs of flash attention's backward over its forward (FlashAttention-2, section 4.1: 2.5 times, as it
+recomputes the scores and runs five matmuls to the forward's two)."""
+
+
+def wave_efficiency(hw: Hardware, rows: int, cols: int) -> float:
+    """Share of the SMs' work a GEMM's output tiles keep busy: tiles / (waves · SMs)."""
+    tiles = math.ceil(rows / TILE[0]) * math.ceil(cols / TILE[1])
+    return tiles / (math.ceil(tiles / hw.sms) * hw.sms)
+
+
+def _intrinsic(hw: Hardware) -> float:
+    """The large-GEMM fraction of peak with its measured shape's wave efficiency divided out."""
+    return _divided_out(hw.gemm_efficiency or GEMM_EFFICIENCY, hw.sms)
+
+
+@functools.lru_cache(maxsize=64)
+def _divided_out(efficiency: float, sms: int) -> float:
+    tiles = math.ceil(MEASURED_SHAPE / TILE[0]) * math.ceil(MEASURED_SHAPE / TILE[1])
+    return efficiency / (tiles / (math.ceil(tiles / sms) * sms))
+
+
+def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: float) -> float:
+    """Seconds of an (m × k) · (k × n) GEMM at `precision` whose operands take `elem_bytes` each."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    return _gemm(hw.peak(precision) * min(1.0, _intrinsic(hw)), hw.sms, hw.mem_bw, m, n, k, elem_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm(rate: float, sms: int, mem_bw: float, m: int, n: int, k: int, elem_bytes: float) -> float:
+    # Cached on plain numbers: wb.plan prices the same few shapes for thousands of layouts.
+    tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
+    compute = 2 * m * n * k / (rate * tiles / (math.ceil(tiles / sms) * sms))
+    memory = elem_bytes * (m * k + k * n + m * n) / (mem_bw * MEMORY_EFFICIENCY)
+    return max(compute, memory)
+
+
+def linear_time(hw: Hardware, precision: str, tokens: int, fan_in: int, fan_out: int, elem_bytes: float,
+                forward: bool = True, backward: bool = True) -> float:
+    """A linear layer over `tokens` rows: forward (tokens × in → out), and backward's gradient of its input
+    (tokens × out → in) and of its weight (in × tokens → out)."""
+    t = gemm_time(hw, precision, tokens, fan_out, fan_in, elem_bytes) if forward else 0.0
+    if backward:
+        t += gemm_time(hw, precision, tokens, fan_in, fan_out, elem_bytes)
+        t += gemm_time(hw, precision, fan_in, fan_out, tokens, elem_bytes)
+    return t
+
+
+def attention_forward_flops(queries: int, seq_len: int, heads: int, head_dim: int) -> float:
+    """Causal flash attention's forward FLOPs as its papers count them: q·kᵀ and p·v over half the square, for
+    `queries` tokens of sequences of `seq_len` (a cp rank's share of them attends to the whole sequence)."""
+    return queries * 4 * seq_len * head_dim * heads / 2
+
+
+def attention_time(hw: Hardware, precision: str, forward_flops: float, forwards: int = 1,
+                   backward: bool = True) -> float:
+    """Seconds of `forwards` flash-attention forwards (a recomputation is one more) and, if asked, a backward."""
+    rate = hw.peak(precision) * (hw.attention_efficiency or _intrinsic(hw))
+    return forward_flops * (forwards + (FLASH_BACKWARD_RATIO if backward else 0)) / rate
+
+
+def memory_time(hw: Hardware, nbytes: float) -> float:
+    """Seconds a memory-bound kernel (or many) takes to read and write `nbytes`."""
+    return nbytes / (hw.mem_bw * MEMORY_EFFICIENCY)

@@ -1,0 +1,146 @@
+"""`estimate`: a Config on a hardware profile, stage by stage, then the step they make together.
+
+Two models, chosen by the profile's `kind`: "gpu" models the run as CUDA kernels make it (flash attention and
+fused norms, FSDP2's mixed precision, the caching allocator, NCCL over the links, a peak that follows the step);
+"cpu" models this engine on CPU kernels, term by term as the CPU runs measure it.
+"""
+
+from __future__ import annotations
+
+from workbench.config import FP8, Config
+from workbench.schedules import Durations, bubble_formula, config_stages
+from workbench.estimate.allocator import reserved, runtime_bytes
+from workbench.estimate.assumptions import ASSUMPTIONS, GPU_ASSUMPTIONS
+from workbench.estimate.collectives import Network, network
+from workbench.estimate.compute import executed_flops
+from workbench.estimate.context import attention_flops, cp_comm
+from workbench.estimate.data_parallel import dp_comm
+from workbench.estimate.expert import ep_comm
+from workbench.estimate.memory import stage_memory
+from workbench.estimate.options import NO_FEATURES, Dtypes, Features, dtypes
+from workbench.estimate.pipeline import pp_comm
+from workbench.estimate.records import Estimate, Memory, Role, StageEstimate
+from workbench.estimate.stage import Stage, stage_shapes
+from workbench.estimate.step_gpu import MicroBatchCompute, micro_batch_compute, optimizer_time
+from workbench.estimate.tensor import tp_comm
+from workbench.estimate.timeline import gpu_memory
+from workbench.flops import flops_per_token
+from workbench.hardware import Hardware, profile
+
+CPU_EFFICIENCY = 0.4
+"""The CPU model's stated MFU assumption: executed FLOPs at this fraction of the measured matmul peak."""
+
+
+def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: float | None = None,
+             features: Features = NO_FEATURES) -> Estimate:
+    """Predict per-rank memory, FLOPs, communication and step time of `cfg` on `hardware`.
+
+    efficiency: None for the profile's own model (GPU: kernel by kernel; CPU: 0.4 of the measured peak), or a
+    stated MFU assumption: executed FLOPs run at that fraction of the device's peak.
+    features: published-run settings the engine lacks (torch.compile, Float8, loss parallel) to model as well.
+    """
+    hw = profile(hardware) if isinstance(hardware, str) else hardware
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
+    if features != NO_FEATURES and hw.kind == "cpu":
+        raise ValueError(f"features {features.describe()} are modelled for GPU profiles only; the CPU model is "
+                         "this engine on CPU kernels, which runs none of them")
+    if features.float8_tp and (cfg.tp == 1 or cfg.precision != "bf16"):
+        raise ValueError("Features(float8_tp=True) models Float8 linears under tensor parallel, which the engine "
+                         f"lacks; with tp={cfg.tp}, precision={cfg.precision!r}: use tp > 1 with precision='bf16', "
+                         "or set precision='fp8_tensorwise' (tp=1) instead")
+    if (features.float8_tp or cfg.precision in FP8) and "fp8" not in hw.peak_flops:
+        raise ValueError(f"Float8 linears need an fp8 peak; {hw.name} has none")
+    net = network(cfg, hw)
+    shapes = stage_shapes(cfg)
+    flops = [executed_flops(st) for st in shapes]
+    if hw.kind == "cpu":
+        return _cpu(cfg, hw, net, shapes, flops, efficiency or CPU_EFFICIENCY)
+    return _gpu(cfg, hw, net, shapes, flops, efficiency, features)
+
+
+def _cpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: list[float],
+         efficiency: float) -> Estimate:
+    peak = hw.peak(cfg.precision) * efficiency
+    dt = dtypes(cfg)
+    # Every stage advances in lockstep with the slowest one; the bubble adds `bubble_slots` idle micro-batch slots.
+    slowest_mb_s = max(flops) / peak / cfg.micro_batches
+    compute_s = slowest_mb_s * (cfg.micro_batches + bubble_slots(cfg))
+    stages = []
+    for st, f in zip(shapes, flops):
+        own_s = f / peak
+        backward_mb_s = own_s / cfg.micro_batches * 2 / 3
+        comm = [*dp_comm(st, net, dt, compute_s, backward_mb_s), *tp_comm(st, net, dt), *pp_comm(st, net),
+                *ep_comm(st, net), *cp_comm(st, net, attention_flops(st) / peak)]
+        stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params, memory=stage_memory(st),
+                                    flops=f, compute_s=own_s, comm=tuple(c for c in comm if c.calls)))
+    return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=tuple(stages),
+                    model_flops=_model_flops(cfg), compute_s=compute_s, assumptions=ASSUMPTIONS)
+
+
+def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: list[float],
+         efficiency: float | None, features: Features) -> Estimate:
+    dt = dtypes(cfg, features)
+    m, slots = cfg.micro_batches, cfg.micro_batches + bubble_slots(cfg)
+    priced = [_stated(st, f, hw, cfg, efficiency) if efficiency else micro_batch_compute(st, dt, features, hw)
+              for st, f in zip(shapes, flops)]
+    # A stated efficiency covers everything (the FLOPs model); the kernel model adds the optimizer's step.
+    optimizer = [0.0 if efficiency else optimizer_time(st, hw) for st in shapes]
+    # Every stage advances in lockstep with the slowest one; the bubble adds `bubble_slots` idle micro-batch slots.
+    compute_s = max(p.total for p in priced) * slots + max(optimizer)
+    stages = []
+    for st, f, mb, opt_s in zip(shapes, flops, priced, optimizer):
+        units = len(st.layers) + (st.root > 0)
+        gathers_per_unit = 2 if cfg.zero == 3 else 1
+        per_unit = ((mb.forward + (mb.backward if cfg.zero == 3 else 0)) / (gathers_per_unit * units),
+                    mb.backward / units)
+        comm = [*dp_comm(st, net, dt, compute_s, mb.backward, per_unit=per_unit),
+                *tp_comm(st, net, dt, features), *pp_comm(st, net), *ep_comm(st, net),
+                *cp_comm(st, net, m * mb.attention)]
+        split = (("gemm", m * mb.gemm), ("attention", m * mb.attention), ("memory-bound", m * mb.memory_bound),
+                 ("optimizer", opt_s))
+        stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params,
+                                    memory=_gpu_stage_memory(st, dt, features), flops=f,
+                                    compute_s=m * mb.total + opt_s, comm=tuple(c for c in comm if c.calls),
+                                    compute_split=split))
+    executed = max(flops)
+    achieved = efficiency or executed / compute_s / hw.peak(cfg.precision)
+    return Estimate(config=cfg, hardware=hw, efficiency=achieved, stages=tuple(stages),
+                    model_flops=_model_flops(cfg), compute_s=compute_s, assumptions=GPU_ASSUMPTIONS,
+                    features=features)
+
+
+def _stated(st: Stage, flops: float, hw: Hardware, cfg: Config, efficiency: float) -> MicroBatchCompute:
+    """A micro-batch's compute under a stated MFU assumption: executed FLOPs at that fraction of the peak."""
+    per_mb = flops / (hw.peak(cfg.precision) * efficiency) / cfg.micro_batches
+    return MicroBatchCompute(gemm=per_mb, attention=0.0, memory_bound=0.0, forward=per_mb / 3,
+                             backward=per_mb * 2 / 3)
+
+
+def _gpu_stage_memory(st: Stage, dt: Dtypes, features: Features) -> Memory:
+    g = gpu_memory(st, dt, features)
+    allocated = g.moments.peak
+    return Memory(parameters=g.parameters, gradients=g.gradients, optimizer=g.optimizer, buffers=g.buffers,
+                  activations=g.activations, other=g.other, host=g.host, allocated=allocated,
+                  reserved=reserved(allocated), runtime=runtime_bytes(st.cfg), peak_at=g.moments.where)
+
+
+def _model_flops(cfg: Config) -> float:
+    return flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
+
+
+def grad_sync_bytes_per_step(cfg: Config, hardware: str | Hardware = "h100") -> int:
+    """Bytes one rank sends per step for the data-parallel gradient sync: what `StepMetrics.grad_sync_bytes`
+    measures (the dp collectives' wire bytes, parameter gathers and ZeRO-1's broadcast excluded)."""
+    est = estimate(cfg, hardware)
+    return sum(c.wire_bytes for c in est.comm if c.role is Role.GRADIENT_SYNC)
+
+
+def bubble_slots(cfg: Config) -> float:
+    """The schedule's bubble in micro-batch slots of one rank (a slot: a micro-batch through the rank's v stages,
+    v(F+B) in chunk times): its formula (`workbench.schedules.bubble_formula`) at F = I = W, B = I + W, the
+    zero-bubble papers' assumption. 1F1B gives pp-1, interleaving (pp-1)/v, ZB-V (pp-1)/6, DualPipeV (pp-1)/3."""
+    if cfg.pp == 1:
+        return 0.0
+    d = Durations.split(1.0, 1.0, 1.0)
+    return bubble_formula(cfg.schedule, cfg.pp, d) / (config_stages(cfg) * (d.F + d.B))

@@ -1,0 +1,229 @@
+"""What an estimate says: frozen records of memory, collectives and stages, and the whole `Estimate`."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from workbench.estimate.options import NO_FEATURES, Features
+from workbench.flops import flops_per_token
+
+if TYPE_CHECKING:
+    from workbench.config import Config
+    from workbench.hardware import Hardware
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"]
+Axis = Literal["dp", "tp", "pp", "ep", "edp", "cp"]
+
+
+class Role(enum.Enum):
+    """What a collective is for: code selects collectives by role, never by their display text."""
+
+    GRADIENT_SYNC = "gradient sync"
+    """The data-parallel gradient sync (all-reduce, reduce-scatter, or a compression hook's phases): what
+    `StepMetrics.grad_sync_bytes` measures."""
+    PARAMETER_GATHER = "parameter gather"
+    """FSDP2's all-gather of sharded parameters (ZeRO-2/3)."""
+    PARAMETER_BROADCAST = "parameter broadcast"
+    """ZeroRedundancyOptimizer's broadcast of each updated parameter from its owner (ZeRO-1)."""
+    SEQUENCE_PARALLEL = "sequence parallel"
+    """Tensor parallel's all-gathers and reduce-scatters of activations over the sequence dim."""
+    NORM_GRADIENTS = "norm gradients"
+    """Tensor parallel's all-reduce of the replicated norm weights' gradients."""
+    LOGITS = "logits"
+    """Tensor parallel's all-gather of the vocabulary-split logits for the loss."""
+    PIPELINE = "pipeline"
+    """A stage's sends of activations (forward) and of their gradients (backward)."""
+    TOKEN_DISPATCH = "token dispatch"
+    """Expert parallel's all-to-alls of routed tokens, their outputs and gradients."""
+    ROUTER_COUNTS = "router counts"
+    """Expert parallel's all-to-all of how many tokens each expert gets."""
+    EXPERT_GRADIENT_SYNC = "expert gradient sync"
+    """The expert slices' gradient sync over edp = dp/ep."""
+    CONTEXT_RING = "context ring"
+    """Context parallel's sends of keys and values (and of their gradients) round the cp ring."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on one rank, in the categories the telemetry measures (plus communication copies, kept apart)."""
+
+    parameters: int
+    """fp32 parameters held between steps (÷dp under ZeRO-3)."""
+    gradients: int
+    """fp32 gradients (÷dp under ZeRO-2 and 3)."""
+    optimizer: int
+    """AdamW's two fp32 moments (÷dp under ZeRO-1, 2 and 3)."""
+    buffers: int
+    """Copies made for communication: DDP's gradient buckets; FSDP2's gathered parameters (all of them under ZeRO-2,
+    the units in flight under ZeRO-3) and full gradients before their reduce-scatter; a pipeline stage's receive
+    buffers, one per micro-batch for its input and one for its output's gradient."""
+    activations: int
+    """Tensors the forward graph saves for backward, for the micro-batches in flight: the telemetry's activations,
+    whose peak is the end of a forward (parameters, and views of them, are counted as parameters; a pipeline stage's
+    input as the buffer it was received into)."""
+    other: int
+    """Transient working sets: the loss's logits (and their fp32 copy under autocast); under checkpointing, the
+    one block that backward rebuilds at a time (saved by the recomputation, not by forward)."""
+
+    host: int = 0
+    """Bytes kept in host memory instead (Config.offload), not in `total`: zero 0/1, AdamW's moments, the fp32
+    master copy and (on CUDA) a pinned gradient buffer of this rank's optimizer share; zero 2/3, FSDP2's
+    CPUOffloadPolicy: the parameter and gradient shards and the moments."""
+    allocated: int = 0
+    """GPU: the most bytes tensors hold at once, following the order the step allocates and frees them (each
+    category above is its own peak, and they do not all peak together). 0 on the CPU model, whose peak is the
+    sum of the categories."""
+    reserved: int = 0
+    """GPU: what torch's caching allocator reserves at that peak (`allocated` and its free fragments): the
+    figure torch.cuda.max_memory_reserved and torchtitan's published memory read. 0 on the CPU model."""
+    runtime: int = 0
+    """GPU: device memory outside torch's allocator, the CUDA context and NCCL's buffers."""
+    peak_at: str = ""
+    """GPU: the moment of the step that holds `allocated` (e.g. "loss backward")."""
+
+    @property
+    def categories(self) -> int:
+        """The sum of the categories, each at its own peak."""
+        return self.parameters + self.gradients + self.optimizer + self.buffers + self.activations + self.other
+
+    @property
+    def total(self) -> int:
+        """What the device must hold: on GPU the allocator's reserve and the memory outside it; on the CPU model
+        the sum of the categories."""
+        return (self.reserved or self.categories) + self.runtime
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective on one mesh axis, summed over a step, as one rank sees it."""
+
+    axis: Axis
+    kind: CollectiveKind
+    role: Role
+    what: str
+    """For people: what travels (the role says it for code)."""
+    calls: int
+    """Calls per step."""
+    bytes: int
+    """Payload per step: each call's size as nccl-tests counts it, summed; the figure the telemetry records for
+    the same calls (`Interval.bytes` defines it: all-gather's output, reduce-scatter's input)."""
+    wire_bytes: int
+    """Bytes per step on this rank's busiest link: bytes times nccl-tests' bus factor (`analysis.bus_factor`:
+    2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast and a send)."""
+    time_s: float
+    """wire_bytes at the link bandwidth: the time of a collective whose measured busbw is the link's."""
+    exposed_s: float
+    """The part of time_s no computation hides."""
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One pipeline stage; every rank of the stage (across dp and tp) looks the same."""
+
+    stage: int
+    layers: tuple[int, ...]
+    """Global indices of the blocks this stage holds."""
+    params: int
+    """Parameter elements of the stage's shard after the tensor-parallel split, before ZeRO sharding."""
+    memory: Memory
+    flops: float
+    """FLOPs one rank of this stage executes per step, recomputation included."""
+    compute_s: float
+    """This rank's own compute per step, without pipeline bubbles."""
+    comm: tuple[Collective, ...]
+    compute_split: tuple[tuple[str, float], ...] = ()
+    """GPU: compute_s by kind of kernel ("gemm", "attention", "memory-bound", "optimizer"); () on CPU."""
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(c.exposed_s for c in self.comm)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a Config is predicted to need and do on a hardware profile; `table()` prints it."""
+
+    config: Config
+    hardware: Hardware
+    efficiency: float
+    """The fraction of peak FLOP/s that executed FLOPs reach: the stated assumption (CPU model, or an explicit
+    `efficiency=`), or what the GPU kernel model achieves."""
+    stages: tuple[StageEstimate, ...]
+    model_flops: float
+    """Model FLOPs per step, all ranks together: flops_per_token · tokens per step."""
+    compute_s: float
+    """Compute per step on the slowest stage, pipeline bubble included."""
+    assumptions: tuple[str, ...] = ()
+    features: Features = NO_FEATURES
+    """Published-run settings beyond the engine that this estimate modelled (`options.Features`)."""
+
+    @property
+    def peak_stage(self) -> StageEstimate:
+        """The stage with the most memory: the one that decides whether the configuration fits."""
+        return max(self.stages, key=lambda s: s.memory.total)
+
+    @property
+    def critical_stage(self) -> StageEstimate:
+        """The stage whose exposed communication is longest: the one that sets the step time."""
+        return max(self.stages, key=lambda s: s.exposed_comm_s)
+
+    @property
+    def memory(self) -> Memory:
+        return self.peak_stage.memory
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.hardware.memory_bytes
+
+    @property
+    def headroom(self) -> int:
+        """Device bytes left at the peak (negative: how much is missing)."""
+        return round(self.hardware.memory_bytes - self.memory.total)
+
+    @property
+    def comm(self) -> tuple[Collective, ...]:
+        return self.critical_stage.comm
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.critical_stage.exposed_comm_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s
+
+    @property
+    def flops_per_token(self) -> float:
+        return flops_per_token(self.config.model, self.config.seq_len)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.config.tokens_per_step / self.step_time_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs over step time and the peak of every rank: what the telemetry would report."""
+        peak = self.hardware.peak(self.config.precision) * self.config.world_size
+        return self.model_flops / self.step_time_s / peak
+
+    def comm_bytes(self) -> dict[str, int]:
+        """wire_bytes per step on the critical stage, by collective kind."""
+        totals: dict[str, int] = {}
+        for c in self.comm:
+            totals[c.kind] = totals.get(c.kind, 0) + c.wire_bytes
+        return totals
+
+    def table(self) -> str:
+        """A plain-text summary that reads well in a notebook cell."""
+        from workbench.estimate.table import render
+
+        return render(self)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        # IPython shows this instead of the dataclass repr when an estimate ends a cell.
+        printer.text(self.table())

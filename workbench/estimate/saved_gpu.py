@@ -1,0 +1,134 @@
+"""Activations as CUDA kernels save them: what one micro-batch leaves for backward on a GPU, block by block.
+
+Per token of a micro-batch, with D = dim, K = kv_heads·head_dim, F = hidden_dim, A = heads, r the residual
+stream's bytes, a the compute dtype's, c what a linear saves of its input (`options.Dtypes`); "÷tp" where
+sequence parallel or the head split shards it, whole where tensor parallel gathers the sequence:
+
+  no recomputation        two fused RMSNorms: input + 1/rms (fp32 per row)      2·(r·D + 4) ÷tp
+                          projection inputs (the gathered norm outputs)          2·c·D
+                          flash attention: rotated q, k, v, output, logsumexp    (a·(2D + 2K) + 4A) ÷tp
+                          SwiGLU: w1 out, silu out, w3 out, product              4·a·F ÷tp
+                          (+ under autocast, the 2-byte copy of every weight)
+  per-op ("op", torchtitan's selective op policy: every other mm output and the attention output kept, the rest
+  recomputed): block input r·D ÷tp; wq, wv, w1 outputs a·(D + K + F) ÷tp; w2's mm output a·D whole (before its
+  reduce-scatter) ; attention output + logsumexp (a·D + 4A) ÷tp; under tp the two reduce-scatter outputs 2·a·D ÷tp
+  checkpointed block       its input, r·D ÷tp
+
+Flash attention (torch's SDPA on CUDA) keeps no seq² scores: only its output and the log-sum-exp. A norm is
+one fused kernel (torch's CUDA rms_norm) that saves its input and 1/rms. Under tensor parallel DTensor
+all-gathers a norm's output before the projections and the matmul saves the gathered tensor: sequence parallel
+keeps the norms' inputs sharded, not the projections' inputs (Megatron's own implementation re-gathers those in
+backward instead; torch's does not). A mixture-of-experts FFN adds what `expert.moe_activations` counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from workbench.estimate.expert import moe_activations
+from workbench.estimate.options import Dtypes, Features
+from workbench.estimate.recompute import input_only, op_block, policy
+from workbench.estimate.stage import Stage
+
+
+def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
+    """Bytes a dense block saves for one micro-batch without recomputation."""
+    m, tp, a, r, c = st.cfg.model, st.cfg.tp, dt.compute, dt.residual, dt.linear_input
+    kv = m.kv_heads * m.head_dim
+    mlp = 4 * a * m.hidden_dim if not dt.float8 else (3 * a + 1) * m.hidden_dim  # fp8 copy of w2's input
+    sharded = 2 * (r * m.dim + 4) + a * (2 * m.dim + 2 * kv) + 4 * m.n_heads + mlp \
+        + (m.dim if dt.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
+    copies = 2 * st.block_matmul if dt.weight_copies else 0
+    return round(st.tokens * (sharded / tp + 2 * c * m.dim)) + copies
+
+
+def _example(st: Stage, layers: tuple[int, ...], kind: tuple[str, bool]) -> int:
+    """A block of `layers` of the given (policy, is MoE) kind."""
+    return next(i for i in layers if (policy(st, i), st.cfg.model.is_moe_layer(i)) == kind)
+
+
+def largest_rebuilt(st: Stage, dt: Dtypes, features: Features) -> int:
+    """The most `rebuilt` holds over this rank's blocks (0 without blocks)."""
+    kinds = {(policy(st, i), st.cfg.model.is_moe_layer(i)) for i in st.layers}
+    return max((rebuilt(st, dt, features, _example(st, st.layers, k)) for k in kinds), default=0)
+
+
+def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
+    """Bytes block `layer` keeps from its forward to its backward, for one micro-batch."""
+    how = policy(st, layer)
+    moe = moe_activations(st) if st.cfg.model.is_moe_layer(layer) else 0
+    if how == "block":
+        return input_only(st, dt)
+    if how == "op":
+        return op_block(st, dt) + moe
+    return whole_block(st, dt, features) + moe
+
+
+def rebuilt(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
+    """What backward holds beyond the block's kept bytes while it backpropagates block `layer`: the recomputed
+    activations (none without recomputation) and the gradients of its activations, for one micro-batch.
+
+    The gradient working set is taken as one gradient per SwiGLU tensor in flight (3·a·F ÷tp), two gathered
+    D-wide ones and the residual's, a stated approximation of autograd's buffers."""
+    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+    grads = round(st.tokens * (3 * a * m.hidden_dim / tp + 2 * a * m.dim + 2 * r * m.dim / tp))
+    whole = whole_block(st, dt, features) + (moe_activations(st) if m.is_moe_layer(layer) else 0)
+    return max(0, whole - layer_saved(st, dt, features, layer)) + grads
+
+
+def logits_width(st: Stage, features: Features) -> int:
+    """Vocabulary entries per token of the loss's tensors on this rank: gathered, or 1/tp with loss parallel."""
+    v = st.cfg.model.vocab_size
+    return -(-v // st.cfg.tp) if features.loss_parallel else v
+
+
+def edge_saved(st: Stage, dt: Dtypes, features: Features, first: bool, last: bool) -> int:
+    """Bytes saved outside the blocks for one micro-batch: token ids (first stage); the final norm's input and
+    1/rms, the head's input, what the loss keeps (the fp32 log-probabilities; a compiled loss keeps the logits
+    and a log-sum-exp per token instead) and the targets (last stage), and under autocast the head's weight
+    copy."""
+    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+    saved = 8 * st.tokens if first else 0
+    if last:
+        v = logits_width(st, features)
+        loss = a * v + 4 if features.compile_loss else 4 * v
+        per_token = (r * m.dim + 4) / tp + a * m.dim + loss + 8
+        saved += round(st.tokens * per_token) + (2 * st.head if dt.weight_copies else 0)
+    return saved
+
+
+def stage_saved(st: Stage, dt: Dtypes, features: Features) -> dict[int, int]:
+    """Bytes one micro-batch leaves saved in each pipeline stage this rank holds, by global stage index (the
+    received input is a receive buffer, as on CPU: `activations.stage_activations`)."""
+    per_chunk = len(st.layers) // st.chunks
+    saved = {}
+    for c, stage in enumerate(st.stages):
+        layers = st.layers[c * per_chunk:(c + 1) * per_chunk]
+        # Blocks alike (same recomputation, dense or MoE) keep alike: one of each kind, times how many.
+        kinds = Counter((policy(st, i), st.cfg.model.is_moe_layer(i)) for i in layers)
+        kept = sum(n * layer_saved(st, dt, features, _example(st, layers, kind)) for kind, n in kinds.items())
+        received = input_only(st, dt) if stage > 0 else 0
+        saved[stage] = kept + edge_saved(st, dt, features, stage == 0, stage == st.last_stage) - received
+    return saved
+
+
+def loss_transients(st: Stage, dt: Dtypes, features: Features) -> tuple[int, int]:
+    """The loss's working sets on the last stage beyond what it saves, for one micro-batch: (forward, backward).
+
+    With the logits gathered, torch's fused log_softmax kernel: forward holds the logits in the compute dtype
+    (and, gathered under tp, the local slice beside them) and their fp32 copy (the loss upcasts; none when they
+    are fp32); backward holds nll_loss's gradient and log_softmax's, each fp32 and as wide as the log-probs.
+    With loss parallel, torch's decomposition (torch/distributed/tensor/parallel/loss.py `_log_softmax`,
+    `_nll_loss_and_log_softmax_backward`) also holds the shifted logits and their exp in forward, and in
+    backward a zero gradient, the exp and their sum: two and three fp32 tensors. A compiled loss fuses it all:
+    only its bf16 gradient in backward."""
+    if not st.last:
+        return 0, 0
+    v, a, tp = logits_width(st, features), dt.compute, st.cfg.tp
+    if features.compile_loss:
+        return 0, st.tokens * a * v
+    local = a * -(-st.cfg.model.vocab_size // tp) if tp > 1 and not features.loss_parallel else 0
+    upcast = 4 * v if a < 4 else 0
+    if features.loss_parallel and tp > 1:
+        return st.tokens * (a * v + upcast + 4 * v), st.tokens * 12 * v
+    return st.tokens * (a * v + local + upcast), st.tokens * 8 * v

@@ -1,0 +1,157 @@
+"""The frozen shape of one pipeline rank's share of a layout: what every other module of the estimator reads.
+
+Built once per rank from the Config; every figure after it (memory, FLOPs, collectives) is a pure function of
+it. Every rank of a stage (across dp and tp) has the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from workbench.config import FP8, Config, checkpointed_blocks
+from workbench.schedules import config_rank_stages, config_stages, rank_layers
+from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
+
+
+def ceil_div(a: float, b: int) -> int:
+    return math.ceil(a / b)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline rank: its blocks, its parameter elements after the tensor-parallel split, its micro-batch."""
+
+    cfg: Config
+    rank: int
+    """Pipeline rank (0 with pp = 1)."""
+    layers: tuple[int, ...]
+    """Global indices of the blocks this rank holds, in order (all its chunks when interleaved)."""
+    chunks: int
+    """Pipeline stages (model chunks) per rank: stages_per_rank when interleaved, else 1."""
+    stages: tuple[int, ...]
+    """Global indices of the pipeline stages this rank holds (loop placement)."""
+    boundaries: int
+    """Stage boundaries this rank crosses per micro-batch: an input from the stage before (all but stage 0) and a
+    gradient from the stage after (all but the last), each received and, by the neighbour, sent."""
+    block_matmul: int
+    """Weight-matrix elements of one dense block on this rank (÷tp)."""
+    block_params: int
+    """Parameter elements of one dense block on this rank: its matrices ÷tp and its two norms whole."""
+    embedding: int
+    head: int
+    root: int
+    """Parameter elements outside the blocks: the embedding (first stage), final norm and head (last stage)."""
+    moe_layers: tuple[int, ...]
+    """This rank's blocks whose FFN is a mixture of experts."""
+    expert_params: int
+    """Expert elements on this rank: synchronised (and under ZeRO sharded) over edp = dp/ep, not dp."""
+    params: int
+    """Parameter elements on this rank after the tensor-parallel split, before ZeRO sharding."""
+    tensors: int
+    """Parameter tensors on this rank (ZeRO-1 broadcasts each one)."""
+    tokens: int
+    """Tokens of one micro-batch on one dp rank: micro_batch_size·seq_len, ÷cp (a cp rank holds seq_len/cp of
+    every sequence; its attention reads all of them)."""
+    checkpointed: int
+    """How many of this rank's blocks recompute their activations (checkpointed whole)."""
+    checkpointed_layers: frozenset[int] = frozenset()
+    """Which of them."""
+
+    @property
+    def first(self) -> bool:
+        """Holds the model's first stage (the embedding): pipeline rank 0, in loop and V placement alike."""
+        return 0 in self.stages
+
+    @property
+    def last(self) -> bool:
+        """Holds the model's last stage (norm and head): the last rank in loop placement, rank 0 in V placement."""
+        return self.last_stage in self.stages
+
+    @property
+    def last_stage(self) -> int:
+        """Global index of the model's last pipeline stage."""
+        return self.cfg.pp * self.chunks - 1
+
+    @property
+    def sync(self) -> int:
+        """Ranks that hold the same weights and average their gradients: dp, times cp."""
+        return self.cfg.dp * self.cfg.cp
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks ZeRO shards over: all of `sync`, or under HSDP one shard group (dp/dp_replicate, times cp)."""
+        return self.sync // self.cfg.dp_replicate if self.cfg.hsdp else self.sync
+
+    @property
+    def low_precision(self) -> bool:
+        """bf16/fp16, or an fp8 recipe (whose Float8 linears keep bf16 beside them)."""
+        return self.cfg.precision in ("bf16", "fp16", *FP8)
+
+    @property
+    def autocast(self) -> bool:
+        """Whether autocast casts per use (low precision, unless FSDP2 mixed precision casts the parameters)."""
+        return self.low_precision and self.cfg.mixed_precision != "fsdp"
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per element of what the matmuls compute: 2 under bf16/fp16 (and fp8's bf16), else 4."""
+        return 2 if self.low_precision else 4
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes per element of the residual stream: 2 under FSDP2 mixed precision (bf16 parameters, bf16
+        embedding output), else 4 (fp32, also under autocast: the embedding's output and the adds are fp32)."""
+        return 2 if self.cfg.mixed_precision == "fsdp" else 4
+
+    def is_checkpointed(self, layer: int) -> bool:
+        return layer in self.checkpointed_layers
+
+    def count_checkpointed(self, layers: tuple[int, ...]) -> int:
+        """How many of `layers` recompute their activations."""
+        return len(checkpointed_blocks(list(layers), self.cfg.activation_checkpointing))
+
+    def residual(self) -> int:
+        """One micro-batch's residual stream, sequence-sharded under tp: what a checkpointed block keeps, and what
+        a pipeline stage receives and sends."""
+        return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
+
+
+def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
+    m, tp = cfg.model, cfg.tp
+    chunks = config_stages(cfg)
+    checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
+    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
+    stages = tuple(config_rank_stages(cfg, rank))
+    last_stage = cfg.pp * chunks - 1
+    first, last = 0 in stages, last_stage in stages
+    # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
+    block_matmul = block_matmul_params(m) // tp
+    block_params = block_matmul + 2 * m.dim
+    embedding = ceil_div(m.vocab_size, tp) * m.dim
+    head = ceil_div(head_params(m), tp)
+    root = first * embedding + last * (head + m.dim)
+    # Mixture of experts: router, this rank's 1/ep of the stacked experts, the shared expert, all whole on every
+    # tp rank, in place of the dense SwiGLU's 1/tp.
+    moe_layers = tuple(i for i in layers if m.is_moe_layer(i))
+    mlp = mlp_params(m)
+    expert_params = len(moe_layers) * m.n_experts // cfg.ep * mlp
+    # The MoE FFN's other parameters (router, shared expert): its stored total less the experts.
+    moe_rest = moe_ffn_params(m) - m.n_experts * mlp
+    params = len(layers) * block_params + root + len(moe_layers) * (moe_rest - mlp // tp) + expert_params
+    # Parameter tensors: 7 matrices and 2 norm weights per block; embedding; final norm and head; per MoE layer the
+    # router (and the shared expert's three matrices).
+    tensors = 9 * len(layers) + first + 2 * last + len(moe_layers) * (1 + 3 * m.shared_expert)
+    return Stage(
+        cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
+        boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
+        block_matmul=block_matmul, block_params=block_params, embedding=embedding, head=head, root=root,
+        moe_layers=moe_layers, expert_params=expert_params, params=params, tensors=tensors,
+        tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
+        checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed),
+    )
+
+
+def stage_shapes(cfg: Config) -> list[Stage]:
+    """Every pipeline rank's shape, in rank order."""
+    return [stage_shape(cfg, rank, layers) for rank, layers in enumerate(rank_layers(cfg))]

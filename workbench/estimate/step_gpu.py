@@ -1,0 +1,171 @@
+"""A GPU rank's compute per micro-batch, kernel by kernel (`kernels`), split into what forward and backward run.
+
+Per block: its seven linears' GEMMs by shape (forward, and backward's two; the per-op policy recomputes wk, wo
+and w3, a checkpointed block all seven and attention), flash attention, and the memory-bound kernels between
+them, whose bytes follow from the tensors this engine's model makes (engine/model.py), listed in
+`elementwise_bytes`. The last stage adds the head and the loss; FSDP2 adds its copies into and out of the
+collectives' buffers; the optimizer steps once per step. Backward's memory-bound kernels are taken as twice
+their forward's bytes (each reads its output's gradient and what it saved and writes its inputs' gradients).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from workbench.config import FP8
+from workbench.estimate.expert import assignments
+from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_time, memory_time
+from workbench.estimate.options import Dtypes, Features
+from workbench.estimate.saved_gpu import logits_width, policy
+from workbench.estimate.stage import Stage
+from workbench.hardware import Hardware
+
+ADAMW_BYTES_PER_PARAM = 40
+"""What torch's foreach AdamW reads and writes per fp32 parameter (torch/optim/adamw.py `_multi_tensor_adamw`):
+the parameter, its gradient and two moments read (16 B), the parameter and moments written (12 B), the square
+root of the second moment written and read (8 B), the decay's pass over the parameter (4 B)."""
+
+STEP_BYTES_PER_PARAM = {"adamw": ADAMW_BYTES_PER_PARAM, "lion": 60, "sgd": 32}
+"""Bytes each Config.optimizer's step reads and writes per fp32 parameter, without weight decay. Lion
+(engine/optimizers.py, one op at a time): β1·m into a new tensor (8), + (1-β1)·g (12), sign (8), the parameter's
+update (12), β2·m (8), + (1-β2)·g (12). SGD with momentum (torch/optim/sgd.py `_multi_tensor_sgd`): the buffer
+scaled (8) and the gradient added (12), the parameter's update from the buffer (12)."""
+DECAY_BYTES_PER_PARAM = {"adamw": 0, "lion": 8, "sgd": 12}
+"""What weight decay adds: Lion's in-place scaling of the parameter (8); SGD's gradient + wd·parameter into a new
+tensor (12); AdamW's decay pass is counted in its 40 B already."""
+
+
+@dataclass(frozen=True)
+class MicroBatchCompute:
+    """Seconds of one micro-batch on one rank, by kind of kernel, and how forward and backward split them."""
+
+    gemm: float
+    attention: float
+    memory_bound: float
+    forward: float
+    backward: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
+    """Bytes one dense block's memory-bound kernels read and write in forward, per token (÷tp where sharded).
+
+    Eager (this engine's model, engine/model.py): each fused RMSNorm reads and writes the residual (2·r·D); a
+    residual add reads both operands and writes the sum ((2r + a)·D); rotary on q and k upcasts, rotates halves in
+    fp32 and casts back (44 + 2a bytes per element: `apply_rotary`'s nine kernels); SwiGLU's silu and product
+    (5·a·F). Under autocast each linear input is cast (read 4, write 2, per gathered element); under tensor
+    parallel DTensor's gathers and reduce-scatters along the sequence dim copy the gathered tensor once (2·D each).
+    Compiled (torch.compile per block, Features.compile): each fused region reads its inputs and writes its
+    outputs once: norm (r + a)·D, rotary 2a per element, add + norm 2(r + a)·D, silu·product 3a·F, the last add.
+    Float8 linears cast each linear's input and output gradient to fp8 with a transposed copy for the weight
+    gradient: about 5 bytes per element of every linear's fan-in and fan-out."""
+    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
+    if dt.fused:
+        sharded = (r + a) * d + 2 * (r + a) * d + (2 * r + a) * d
+        heads = 2 * a * (d + kv) + 3 * a * f
+        gathered = 0.0
+    else:
+        sharded = 2 * 2 * r * d + 2 * (2 * r + a) * d
+        heads = (44 + 2 * a) * (d + kv) + 5 * a * f
+        gathered = (2 * 6 * d if dt.weight_copies else 0) + (2 * 2 * r * d if tp > 1 else 0)
+    if tp > 1:
+        gathered += 2 * 2 * a * d  # the reduce-scatters' input copies
+    fp8 = 5 * (2 * d + 2 * d + 2 * (d + kv) + 3 * (d + f)) if dt.float8 else 0.0
+    return sharded / tp + heads / tp + gathered + fp8 / tp
+
+
+def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware) -> MicroBatchCompute:
+    """One micro-batch's kernels on `hw`, for this stage."""
+    cfg, m, tp, t = st.cfg, st.cfg.model, st.cfg.tp, st.tokens
+    a = dt.compute
+    # Float8 linears run at the fp8 rate; attention and the head stay in the bf16 beside them.
+    base = "bf16" if cfg.precision in FP8 else cfg.precision
+    gemm_precision = "fp8" if dt.float8 else base
+    gemm_bytes = 1 if dt.float8 else a
+    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
+    q = m.n_heads * m.head_dim
+    attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
+    mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
+    recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
+
+    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = 0.0
+    fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
+    # Blocks alike (same recomputation, dense or MoE) cost alike: price one of each kind, times how many.
+    kinds = Counter((policy(st, layer), m.is_moe_layer(layer)) for layer in st.layers)
+    for (how, moe), count in kinds.items():
+        fwd = bwd = 0.0
+        for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
+            one = linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, backward=False)
+            fwd += one
+            bwd += linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, forward=False)
+            if how == "block" or (how == "op" and i in recomputed_op):
+                bwd += one
+        if moe:
+            # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
+            moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
+            fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
+        gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
+        attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
+        attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
+    if st.last:
+        vocab = -(-m.vocab_size // tp)
+        gemm_fwd += linear_time(hw, base, t, d, vocab, a, backward=False)
+        gemm_bwd += linear_time(hw, base, t, d, vocab, a, forward=False)
+
+    per_block = elementwise_bytes(st, dt, features) * t
+    recomputing = sum(policy(st, i) != "none" for i in st.layers)
+    mem_fwd = per_block * len(st.layers)
+    mem_bwd = 2 * mem_fwd + per_block * recomputing
+    if st.last:
+        # The loss, eager: the logits' fp32 copy, log_softmax's passes and nll_loss; backward's mirror of them.
+        # Compiled: one pass over the logits forward (max and sum online), one reading them and writing the
+        # gradient backward.
+        v = logits_width(st, features)
+        mem_fwd += t * (a if features.compile_loss else a + 16) * v
+        mem_bwd += t * (2 * a if features.compile_loss else 24 + a) * v
+    mem_fwd, mem_bwd = memory_time(hw, mem_fwd), memory_time(hw, mem_bwd) + _fsdp_copies(st, dt, hw)
+    return MicroBatchCompute(gemm=gemm_fwd + gemm_bwd, attention=attn_fwd + attn_bwd,
+                             memory_bound=mem_fwd + mem_bwd, forward=gemm_fwd + attn_fwd + mem_fwd,
+                             backward=gemm_bwd + attn_bwd + mem_bwd)
+
+
+def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:
+    """A MoE FFN's GEMMs (replicated over tp): the router (fp32) and each local expert's SwiGLU over its even
+    share of the routed tokens, and the shared expert over every token."""
+    cfg, m, t = st.cfg, st.cfg.model, st.tokens
+    rows = max(1, assignments(st) * cfg.ep // m.n_experts)
+    experts = m.n_experts // cfg.ep
+    mlp = [(m.dim, m.hidden_dim), (m.dim, m.hidden_dim), (m.hidden_dim, m.dim)]
+    fwd = linear_time(hw, "fp32", t, m.dim, m.n_experts, 4, backward=False)
+    bwd = linear_time(hw, "fp32", t, m.dim, m.n_experts, 4, forward=False)
+    for fan_in, fan_out in mlp:
+        fwd += experts * linear_time(hw, precision, rows, fan_in, fan_out, elem, backward=False)
+        bwd += experts * linear_time(hw, precision, rows, fan_in, fan_out, elem, forward=False)
+        if m.shared_expert:
+            fwd += linear_time(hw, precision, t, fan_in, fan_out, elem, backward=False)
+            bwd += linear_time(hw, precision, t, fan_in, fan_out, elem, forward=False)
+    return fwd, bwd + (fwd if recompute else 0.0)
+
+
+def _fsdp_copies(st: Stage, dt: Dtypes, hw: Hardware) -> float:
+    """FSDP2's copies per micro-batch: each gather copies the shard in and the gathered parameters out (2 ×
+    their bytes), each reduce-scatter copies the unsharded gradient into its input in the reduce dtype."""
+    cfg = st.cfg
+    if cfg.zero < 2 or st.sync == 1:
+        return 0.0
+    gathers = 2 if cfg.zero == 3 else 1
+    return memory_time(hw, st.params * (gathers * 2 * dt.gathered + dt.compute + 4))
+
+
+def optimizer_time(st: Stage, hw: Hardware) -> float:
+    """The optimizer's step over this rank's share of the parameters (÷ the shard group from ZeRO 1): memory-bound,
+    its bytes per parameter by Config.optimizer."""
+    cfg = st.cfg
+    share = st.params // (st.shard_ranks if cfg.zero >= 1 else 1)
+    per_param = STEP_BYTES_PER_PARAM[cfg.optimizer] + (DECAY_BYTES_PER_PARAM[cfg.optimizer] if cfg.weight_decay else 0)
+    return memory_time(hw, per_param * share)
