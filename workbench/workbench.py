@@ -141,6 +141,10 @@ class Workbench:
                     world_size, Machine.this(), oversubscribe=oversubscribe)):
                 warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
             setup = "workbench.telemetry.comm:register" if telemetry or self.cluster else None
+            if setup:  # the ranks' flight rings, read while they hang, become the hang report's summary line
+                from workbench.telemetry.flight import explain_diagnostics
+
+                pool_kwargs.setdefault("explain", explain_diagnostics)
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
         self.pool = pool
         # Where the ranks share when each issued each collective, under emulation (removed with this Workbench).

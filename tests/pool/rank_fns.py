@@ -168,6 +168,13 @@ def sleep_or_wait(sleeper, seconds):
     return all_reduce_sum(1)
 
 
+def sleep_or_wait_unchecked(sleeper, seconds):
+    """`sleep_or_wait` outside the pool's collective check (as the engine's own collectives run): the waiting ranks
+    sit in the all_reduce itself, which the recording backend's flight ring shows."""
+    with rank.unchecked():
+        return sleep_or_wait(sleeper, seconds)
+
+
 def add_fake_provider():
     """A diagnostic provider like the telemetry's flight recorder: what this rank last did, in a sentence."""
     rank.add_diagnostic("last collective", lambda: f"rank {rank.get_rank()}: all_reduce #41 of world, waiting")

@@ -202,7 +202,9 @@ def _where(links: list[RankState], limits: Limits) -> str:
         lines.append(f"rank {link.rank}: {state} (cpu {rate if rate is not None else float('nan'):.2f} cores), at:\n    "
                      + "\n    ".join(where))
         for name, value in (link.diagnostics or {}).items():
-            lines.append(f"    {name}: {value}")
+            # A sentence is shown; structured answers are data for the summary line, kept in error.diagnostics.
+            shown = value if isinstance(value, str) else f"(data: error.diagnostics[{link.rank}][{name!r}])"
+            lines.append(f"    {name}: {shown}")
     return "\n".join(lines)
 
 

@@ -35,6 +35,11 @@ def register() -> str:
     # type, and two CUSTOM ones in one group would alias each other.
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
     native.load()  # fail here, with the build error, rather than inside init_process_group
+    # Every operation through this backend lands in the rank's flight ring: a hang report shows where each rank is.
+    from workbench.pool import rank as rank_api
+    from workbench.telemetry import flight
+
+    rank_api.add_diagnostic(flight.DIAGNOSTIC, flight.diagnose)
     return BACKEND_NAME
 
 
