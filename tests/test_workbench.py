@@ -118,3 +118,23 @@ def test_a_trained_mixture_of_experts_reshards_into_expert_parallel_live(bench):
         assert m.aux_loss is not None and m.aux_loss > 0
     reference = reference_losses(moe, 10)  # one process; its MoE layers backpropagate their balancing loss
     assert [m.loss for m in metrics] == pytest.approx(reference, rel=5e-5)
+
+
+def test_replica_check_stops_a_run_whose_replicas_diverged_naming_the_rank_and_the_parameter(bench):
+    from tests.telemetry import replica_rank_fns
+
+    bench.apply(wb.Config(dp=2, batch_size=8, seq_len=32, replica_check_every=2), fresh=True)
+    bench.train(4).wait()  # replicas agree: checked at steps 2 and 4
+    name = bench.pool.run(replica_rank_fns.nudge_the_sessions_parameter, 1)[0]
+    with pytest.raises(wb.RemoteError) as info:
+        bench.train(2).wait()
+    assert "ReplicaDivergence" in str(info.value) and name in str(info.value) and "rank 1" in str(info.value)
+    bench.apply(wb.Config(dp=2, batch_size=8, seq_len=32), fresh=True)  # the bench stays usable
+
+
+def test_replica_check_is_refused_where_no_two_ranks_hold_the_same_bytes():
+    with pytest.raises(wb.ConfigError, match="replica_check_every: zero=3 shards every parameter"):
+        wb.Config(dp=2, zero=3, replica_check_every=10)
+    with pytest.raises(wb.ConfigError, match="replica_check_every: the layout has no data-parallel replicas"):
+        wb.Config(tp=2, replica_check_every=10)
+    wb.Config(dp=4, zero=3, dp_replicate=2, replica_check_every=10)  # HSDP's replica groups are compared

@@ -34,3 +34,21 @@ def perturb_one_replica(cfg: Config, perturbed_rank: int = 1, index: int = 3) ->
             found = {"ranks": list(e.divergence.ranks), "parameter": e.divergence.parameter, "message": str(e)}
     trainer.close()
     return {"perturbed": name, "found": found}
+
+
+def nudge_the_sessions_parameter(perturbed_rank: int = 1, index: int = 3) -> str:
+    """Parameter number `index` of the session's model nudged by 1e-3 in one element on `perturbed_rank` only (a
+    flipped bit's stand-in); returns its name as the replica check names it."""
+    import torch
+
+    from workbench.engine import session
+    from workbench.pool import rank
+    from workbench.telemetry.memory import local_tensor
+    from workbench.telemetry.replicas import parameter_digests
+
+    trainer = session.current().trainer
+    name, _ = parameter_digests(trainer.modules)[index]
+    if rank.get_rank() == perturbed_rank:
+        with torch.no_grad():
+            local_tensor(list(trainer.modules[0].parameters())[index]).view(-1)[0] += 1e-3
+    return name

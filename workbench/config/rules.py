@@ -214,6 +214,20 @@ def fp8_fits(cfg: Config) -> None:
         raise refuse("precision", f"{cfg.precision} with offload is not wired here", "set offload=False, or bf16")
 
 
+def replica_check_has_replicas(cfg: Config) -> None:
+    """The replica check compares ranks that hold the same bytes: dp·cp ranks under zero 0/1, HSDP's replica groups
+    (`workbench.telemetry.replicas.replica_group`)."""
+    if not cfg.replica_check_every:
+        return
+    if cfg.zero >= 2 and cfg.dp_replicate == 1:
+        raise refuse("replica_check_every", f"zero={cfg.zero} shards every parameter over the dp ranks, so no two "
+                     "ranks hold the same bytes to compare", "use zero 0/1, HSDP (dp_replicate ≥ 2) or "
+                     "replica_check_every=0")
+    if cfg.dp * cfg.cp == 1:
+        raise refuse("replica_check_every", "the layout has no data-parallel replicas to compare (dp·cp = 1)",
+                     "set dp ≥ 2 or replica_check_every=0")
+
+
 RULES: tuple[Callable[[Config], None], ...] = (
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
@@ -230,6 +244,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     fsdp_mixed_precision_has_its_setting,
     compile_settings_fit,
     fp8_fits,
+    replica_check_has_replicas,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""
 

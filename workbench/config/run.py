@@ -26,6 +26,7 @@ _RANGES = {
     "zero": one_of(*ZERO_STAGES),
     "lr": positive,
     "weight_decay": at_least(0),
+    "replica_check_every": at_least(0),
     # torch.manual_seed takes a signed or unsigned 64-bit value; the data's generator folds it mod 2**64.
     "seed": between(-2**63, 2**64 - 1, "torch.manual_seed takes 64 bits"),
 }
@@ -89,6 +90,9 @@ class Config:
     """"adamw" (two moments), "lion" (one moment, sign update) or "sgd" (momentum 0.9). See OPTIMIZER_HELP."""
     seed: int = 0
     """Seeds the model's initial weights and the order of the data (64 bits)."""
+    replica_check_every: int = 0
+    """Every this many steps the data-parallel replicas compare a digest of their parameters (Megatron's check for
+    silent corruption); a difference stops training naming the rank and the first differing parameter. 0: off."""
     compression: Compression = "none"
     """Compression of the data-parallel gradient sync (needs dp > 1): "none", "fp16", "bf16" (any zero stage),
     "powersgd", "int8", "1bit" (zero 0/1: DDP comm hooks; int8/1bit with error feedback). See COMPRESSION_HELP."""

@@ -29,6 +29,7 @@ from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
 from workbench.telemetry.events import StepMetrics
+from workbench.telemetry.replicas import check_replicas
 
 
 @dataclass
@@ -160,6 +161,9 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
             session.next_step += 1
             rank.emit(metrics)
             done.append(metrics)
+            every = session.trainer.cfg.replica_check_every
+            if every and session.next_step % every == 0:
+                check_replicas(session.trainer)  # raises on every rank alike, naming the odd rank and parameter
             if saves is not None and session.next_step % saves.every == 0:
                 checkpoint.save(session.trainer, session.next_step, saves.directory, saves.keep, saves.nonce,
                                 saves.asynchronous)
