@@ -47,13 +47,19 @@ def pipeline_intervals(latest: dict[int, StepMetrics], pp: int) -> list[ActionIn
     return [iv for r in sorted(out) for iv in out[r]]
 
 
-def _grid_bars(traces, cells: list[tuple[int, Action, float, float]]) -> None:
+def action_label(action: Action, stages_per_rank: int) -> str:
+    """"F0" for micro-batch 0's forward; with several stages per rank "1F0", the stage (chunk) first, as torch
+    prints its actions, so that an interleaved rank's two F0s read apart."""
+    return str(action) if stages_per_rank > 1 else f"{action.kind}{action.microbatch}"
+
+
+def _grid_bars(traces, cells: list[tuple[int, Action, float, float]], stages_per_rank: int = 1) -> None:
     for trace, kind in zip(traces, ("F", "B")):
         mine = [c for c in cells if c[1].kind == kind]
         trace.y = [f"pp {r}" for r, *_ in mine]
         trace.base = [start for *_, start, _ in mine]
         trace.x = [width for *_, width in mine]
-        trace.text = [f"{a.kind}{a.microbatch}" for _, a, *_ in mine]
+        trace.text = [action_label(a, stages_per_rank) for _, a, *_ in mine]
         trace.customdata = [str(a) for _, a, *_ in mine]
         trace.hovertemplate = "%{customdata} (stage·kind·micro-batch)<extra>%{y}</extra>"
 
@@ -69,11 +75,11 @@ def draw_pipeline(fig: go.Figure, snap: Snapshot) -> None:
     v = config_stages(cfg)
     grid = config_grid(cfg)
     _grid_bars(fig.data[:2], [(r, a, t, 1.0) for r in range(grid.pp) for t in range(grid.steps)
-                              if (a := grid.at(r, t)) is not None])
+                              if (a := grid.at(r, t)) is not None], v)
     measured = pipeline_intervals(snap.common_latest(), cfg.pp)
     origin = min((iv.start_ns for iv in measured), default=0)
     _grid_bars(fig.data[2:], [(iv.rank, Action(iv.stage, iv.kind, iv.microbatch), (iv.start_ns - origin) / 1e6,
-                               (iv.end_ns - iv.start_ns) / 1e6) for iv in measured])
+                               (iv.end_ns - iv.start_ns) / 1e6) for iv in measured], v)
     ideal = ideal_bubble_fraction(cfg.pp, cfg.micro_batches, v)
     formula = "(p−1)/(v·m+p−1)" if v > 1 else "(p−1)/(m+p−1)"
     measured_text = (f"measured {measured_bubble(measured).fraction:.0%}" if measured
