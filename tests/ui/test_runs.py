@@ -211,7 +211,7 @@ def test_panels_the_layout_lacks_collapse_to_one_line():
     _train(store, range(2))
     plots = LivePlots(store, 2)
     assert set(plots.absent) == {"pipeline", "sync_bytes", "expert_load", "routing"}
-    assert plots.figures["pipeline"] not in plots.grid.children and "tp2 has no pipeline" in plots.absent_lines.value
+    assert plots.cells["pipeline"].layout.display == "none" and "tp2 has no pipeline" in plots.absent_lines.value
     store.start_run(wb.Config(pp=2, micro_batches=2), 2, continues=True)
     plots.refresh()
-    assert plots.figures["pipeline"] in plots.grid.children and "Pipeline" not in plots.absent_lines.value
+    assert plots.cells["pipeline"].layout.display == "block" and "Pipeline" not in plots.absent_lines.value

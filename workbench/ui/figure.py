@@ -35,34 +35,51 @@ export default {
 };
 """ % {"key": _KEY}
 
-# initialize() does not wait for the bundle: anywidget gives a module 2 s to initialize, and parsing 5 MB on a
-# busy machine may take longer. The view renders once the bundle is there.
+# initialize() returns at once: anywidget drops every message of a model whose initialize takes over 2 s, and
+# parsing 5 MB on a busy machine may take longer. A figure whose bundle was not there yet misses the updates
+# sent until it is (plotly's model applies them to its copy of the figure); the full figure the kernel sends
+# as state every few seconds (ui.live._sync_widget_state) then redraws it once, with Plotly.react.
 _FIGURE = """
 async function bundle() {
-  for (let i = 0; i < 1200 && !globalThis.%(key)s; i++) await new Promise((r) => setTimeout(r, 25));
+  for (let i = 0; i < 2400 && !globalThis.%(key)s; i++) await new Promise((r) => setTimeout(r, 25));
   if (!globalThis.%(key)s) throw new Error("workbench: plotly's widget code did not arrive (PlotlyBundle)");
   return globalThis.%(key)s;
 }
 export default () => {
   let inner = null;
+  let missed = false;
   const ready = (ctx) => bundle().then((mod) => {
     if (inner === null) { inner = mod.default(); inner.initialize({ model: ctx.model }); }
     return inner;
   });
   return {
-    initialize(ctx) { ready(ctx); },
+    initialize(ctx) {
+      missed = !globalThis.%(key)s;
+      ready(ctx);
+    },
     async render(ctx) {
       const figure = await ready(ctx);
       const cleanup = figure.render(ctx);
+      const el = ctx.el;
+      if (missed) {
+        const heal = () => {
+          if (globalThis.Plotly && el._fullLayout) {
+            globalThis.Plotly.react(el, structuredClone(ctx.model.get("_widget_data")),
+                                    structuredClone(ctx.model.get("_widget_layout")));
+          }
+          ctx.model.off("change:_widget_layout", heal);
+        };
+        ctx.model.on("change:_widget_layout", heal);
+      }
       let width = 0;
       const observer = new ResizeObserver(() => {
-        const now = ctx.el.clientWidth;
-        if (now > 0 && now !== width && globalThis.Plotly && ctx.el._fullLayout) {
+        const now = el.clientWidth;
+        if (now > 0 && now !== width && globalThis.Plotly && el._fullLayout) {
           width = now;
-          globalThis.Plotly.Plots.resize(ctx.el);
+          globalThis.Plotly.Plots.resize(el);
         }
       });
-      observer.observe(ctx.el);
+      observer.observe(el);
       return () => { observer.disconnect(); if (typeof cleanup === "function") cleanup(); };
     },
   };

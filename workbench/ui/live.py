@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 from workbench.telemetry.store import TelemetryStore
 from workbench.ui.figure import LiveFigure
 from workbench.ui.panels import PANELS
+from workbench.ui.panels.style import new_figure
 
 log = logging.getLogger("workbench.ui")
 
@@ -62,14 +63,19 @@ class LivePlots:
         """Ids of the runs drawn beside the current history (the dashboard's run picker sets them)."""
         self.figures: dict[str, go.FigureWidget] = {}
         for panel in PANELS:
-            fig = LiveFigure()
+            # Set up as a plain figure first: the widget's first state then holds every trace, so the page never
+            # sees a figure with fewer traces than the updates that follow name.
+            fig = new_figure()
             panel.setup(fig, world_size)
-            self.figures[panel.name] = fig
+            self.figures[panel.name] = LiveFigure(fig)
         self.absent: dict[str, str] = {}
         """Panels the current layout has nothing for, with the line said instead of drawing them."""
         self._drawn_version = -1
         self._lock = threading.Lock()
-        self.grid = widgets.GridBox(layout=widgets.Layout(
+        # One cell per figure, hidden rather than removed when its panel does not apply: a figure's page view is
+        # made once and kept (plotly's view keeps listening to its model after it is removed from the page).
+        self.cells = {name: widgets.Box([fig], layout=widgets.Layout(min_width="0")) for name, fig in self.figures.items()}
+        self.grid = widgets.GridBox(list(self.cells.values()), layout=widgets.Layout(
             grid_template_columns=f"repeat(auto-fill, minmax({MIN_COLUMN_PX}px, 1fr))", grid_gap="4px 8px",
             width="100%"))
         self.grid.add_class("workbench-plots")
@@ -103,10 +109,11 @@ class LivePlots:
 
     def _show(self, snap) -> None:
         absent = {p.name: reason for p in PANELS if (reason := p.absent(snap)) is not None}
-        if absent == self.absent and self.grid.children:
+        if absent == self.absent and self._drawn_version >= 0:
             return
         self.absent = absent
-        self.grid.children = [self.figures[p.name] for p in PANELS if p.name not in absent]
+        for name, cell in self.cells.items():
+            cell.layout.display = "none" if name in absent else "block"
         self.absent_lines.value = "".join(
             f"<div style='color:#666;font-size:12px;line-height:1.5'><b>{html.escape(p.title)}</b> — "
             f"{html.escape(absent[p.name])}</div>" for p in PANELS if p.name in absent)

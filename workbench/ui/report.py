@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.config import Config
 from workbench.telemetry import run_summary
 from workbench.telemetry.store import Snapshot
-from workbench.ui.panels import static_figures
+from workbench.ui.panels import PANELS, static_figures
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
@@ -103,7 +103,10 @@ def write_report(snap: Snapshot, world_size: int, facts: dict[str, str], path: s
                  title: str = "workbench session", beside: run_summary.Beside | None = None) -> Path:
     """One self-contained HTML page of a snapshot's runs and plots, with `facts` in its summary table."""
     # Every run overlaid: the page is the record of the whole session.
-    figures = static_figures(snap.compare([r.id for r in snap.runs]), world_size)
+    every = snap.compare([r.id for r in snap.runs])
+    figures = static_figures(every, world_size, applicable_only=True)
+    absent = "".join(f"<p><b>{html.escape(p.title)}</b> — {html.escape(why)}</p>" for p in PANELS
+                     if (why := p.absent(every)) is not None)
     plots = []
     for i, fig in enumerate(figures.values()):
         # The first figure carries plotly.js; the others reuse it, so the file holds it once.
@@ -113,7 +116,7 @@ def write_report(snap: Snapshot, world_size: int, facts: dict[str, str], path: s
                 f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>written {stamp}</p>"
                 f"{_summary(facts, snap)}<h2>Runs</h2>{_runs_table(snap, beside)}"
                 f"<h2>Configs</h2>{_configs_table(snap)}"
-                f"<h2>Plots</h2><div class='plots'>{''.join(plots)}</div></body></html>")
+                f"<h2>Plots</h2><div class='plots'>{''.join(plots)}</div>{absent}</body></html>")
     path = Path(path)
     path.write_text(document, encoding="utf-8")
     return path

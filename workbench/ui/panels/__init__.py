@@ -22,6 +22,7 @@ from workbench.ui.panels.communication import draw_sync_bytes, setup_sync_bytes
 from workbench.ui.panels.experts import draw_expert_load, draw_routing, setup_expert_load, setup_routing
 from workbench.ui.panels.memory import draw_memory, setup_memory
 from workbench.ui.panels.pipeline import draw_pipeline, pipeline_intervals, setup_pipeline
+from workbench.ui.panels.style import new_figure
 from workbench.ui.panels.timeline import draw_overlap, draw_timeline, setup_overlap, setup_timeline
 from workbench.ui.panels.training import draw_loss, draw_throughput, setup_loss, setup_throughput
 
@@ -79,7 +80,7 @@ def static_figures(snap: Snapshot, world_size: int, applicable_only: bool = Fals
     for panel in PANELS:
         if applicable_only and panel.absent(snap) is not None:
             continue
-        fig = go.Figure()
+        fig = new_figure()
         panel.setup(fig, world_size)
         panel.draw(fig, snap)
         figures[panel.name] = fig

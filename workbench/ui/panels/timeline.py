@@ -65,8 +65,7 @@ def setup_timeline(fig: go.Figure, world_size: int) -> None:
     fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(minsize=9, mode="hide"),
                       xaxis=dict(title="ms from the step's first interval"),
                       yaxis=dict(autorange="reversed", type="category"),
-                      legend=dict(orientation="h", y=-0.25, font=dict(size=10), traceorder="normal"),
-                      margin=dict(b=64))
+                      legend=dict(font=dict(size=10), traceorder="normal"))
 
 
 def _bars(trace, items: list[tuple[int, Interval, str]], origin: int) -> None:
