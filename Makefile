@@ -28,7 +28,7 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-BENCHES := pool engine telemetry telemetry_native checkpoint compression moe
+BENCHES := pool engine telemetry telemetry_native checkpoint compression moe context_parallel
 
 bench: setup
 	for b in $(BENCHES); do $(BIN)/python benches/$$b.py || exit 1; done

@@ -48,8 +48,8 @@ def test_refusals_name_the_field_and_the_fix(changes, field, fix):
 @pytest.mark.parametrize("changes, field", [
     (dict(dim=130, n_heads=4), "model.n_heads"),
     (dict(n_heads=4, n_kv_heads=3), "model.n_kv_heads"),
-    (dict(dim=0), "dim"),
-    (dict(n_layers=-1), "n_layers"),
+    (dict(dim=0), "model.dim"),
+    (dict(n_layers=-1), "model.n_layers"),
 ])
 def test_model_shapes_are_checked_too(changes, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
@@ -110,3 +110,44 @@ def test_supported_compression_and_offload_layouts(changes):
     cfg = Config(**changes)
     assert (cfg.compression == "none") or cfg.compression in cfg.layout
     assert cfg.offload == ("offload" in cfg.layout)
+
+
+# --- every bad value, refused by name (issue 17's drills) ------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("changes, field, fix", [
+    (dict(lr=NAN), "lr", "finite"), (dict(lr=INF), "lr", "finite"), (dict(lr=-1e-3), "lr", "lr > 0"),
+    (dict(seed=2**70), "seed", "64 bits"), (dict(seed=1.5), "seed", "int"),
+    (dict(weight_decay="0"), "weight_decay", "float"), (dict(weight_decay=NAN), "weight_decay", "finite"),
+    (dict(zero=True), "zero", "int"), (dict(dp=True), "dp", "int"), (dict(micro_batches=2.0), "micro_batches", "int"),
+    (dict(offload=1), "offload", "True or False"), (dict(schedule=1), "schedule", "gpipe"),
+    (dict(precision=None), "precision", "fp32"),
+])
+def test_bad_values_are_refused_by_name(changes, field, fix):
+    with pytest.raises(ConfigError) as info:
+        Config(**changes)
+    assert str(info.value).startswith(f"{field}:") and fix in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("changes, field, fix", [
+    (dict(dim=128.0), "model.dim", "int"), (dict(n_layers=2.5), "model.n_layers", "int"),
+    (dict(n_heads=True), "model.n_heads", "int"), (dict(n_kv_heads=2.0), "model.n_kv_heads", "int"),
+    (dict(max_seq_len=2**40), "model.max_seq_len", "max_seq_len ≤ 2,097,152"),  # tiny's head_dim is 32
+    (dict(vocab_size=10), "model.vocab_size", "≥ 256"), (dict(norm_eps=-1), "model.norm_eps", "> 0"),
+    (dict(norm_eps=NAN), "model.norm_eps", "finite"), (dict(rope_theta=0), "model.rope_theta", "> 0"),
+    (dict(rope_theta=INF), "model.rope_theta", "finite"), (dict(shared_expert=1), "model.shared_expert", "True"),
+    (dict(n_experts=4, capacity_factor=NAN), "model.capacity_factor", "finite"),
+    (dict(n_experts=4, aux_loss_coef=INF), "model.aux_loss_coef", "finite"),
+])
+def test_bad_model_values_are_refused_by_name(changes, field, fix):
+    with pytest.raises(ConfigError) as info:
+        dataclasses.replace(TINY, **changes)
+    assert str(info.value).startswith(f"{field}:") and fix in str(info.value), str(info.value)
+
+
+def test_the_bounds_admit_what_real_runs_use():
+    Config(seed=2**64 - 1), Config(seed=-1), Config(lr=1, weight_decay=0)  # ints are real numbers
+    ModelConfig(dim=4096, n_heads=32, max_seq_len=131072)  # Llama 3.1's context at head_dim 128
+    assert ModelConfig.preset("8b").vocab_size == 128256

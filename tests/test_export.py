@@ -1,4 +1,4 @@
-"""Export without processes: config.json round trip, the launch scripts, accelerate's YAML, torchtitan's TOML."""
+"""Export without processes: config.json round trip, the launch scripts, accelerate's YAML, torchtitan's launch and TOML."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_export_writes_every_file_and_the_scripts_launch_the_layout(tmp_path):
     cfg = LAYOUTS[3]
     out = ex.export(cfg, tmp_path / "run", gpus_per_node=4, steps=500, save_every=50)
     assert sorted(p.name for p in out.files.values()) == sorted(
-        ["config.json", "run.sh", "run.sbatch", "accelerate.yaml", "torchtitan.toml"])
+        ["config.json", "run.sh", "run.sbatch", "accelerate.yaml", "torchtitan.sh", "torchtitan.toml"])
     assert wb.Config.load(out.files["config"]) == cfg
     run = out.files["torchrun"].read_text()
     assert "--nnodes=2 --nproc-per-node=4" in run and "--rdzv-backend=c10d" in run
@@ -57,7 +57,7 @@ def test_export_writes_every_file_and_the_scripts_launch_the_layout(tmp_path):
         assert line in sbatch
     assert "srun" in sbatch and "--node-rank=$SLURM_NODEID" in sbatch and "--rdzv-endpoint=$HEAD_NODE" in sbatch
     assert "--rdzv-id" not in run  # a single job's rendezvous needs no id beyond the endpoint
-    for script in ("run.sh", "run.sbatch"):
+    for script in ("run.sh", "run.sbatch", "torchtitan.sh"):
         subprocess.run(["bash", "-n", str(tmp_path / "run" / script)], check=True)  # the shell parses it
 
 
@@ -120,3 +120,23 @@ def test_step_metrics_survive_a_jsonl_line():
                        memory={"parameters": 4}, intervals=(wb.Interval("comm", "all_reduce", 1, 2, 8, 2),),
                        pipeline_actions=((0, 1, "F", 5, 6),))
     assert jsonl.loads(jsonl.dumps(m)) == m
+
+
+def test_the_torchtitan_launch_states_cp_and_hsdp_and_what_it_cannot():
+    # torchtitan itself parses these in tests/test_export_torchtitan.py (where it is installed).
+    cfg = wb.Config(model=wb.ModelConfig.preset("8b"), dp=8, cp=2, zero=3, dp_replicate=2, precision="bf16",
+                    seq_len=8192, batch_size=16)
+    args, missing = ex.torchtitan_arguments(cfg, ex.Launch(nnodes=2, nproc_per_node=8, steps=100))
+    flags = dict(zip(args[:-1:2], args[1::2]))  # --key value pairs up to the betas
+    assert args[:4] == ["--module", "llama3", "--config", "llama3_8b"]
+    assert flags["--parallelism.data_parallel_replicate_degree"] == "2"
+    assert flags["--parallelism.data_parallel_shard_degree"] == "4"
+    assert flags["--parallelism.context_parallel_degree"] == "2" and flags["--training.seq_len"] == "8192"
+    assert args[-1] == "activation-checkpoint:none"
+    assert not any("cp=" in m for m in missing)  # zero 3 shards over dp_shard·cp there as here
+    _, missing = ex.torchtitan_arguments(wb.Config(dp=2, cp=2, seq_len=256), ex.Launch(nnodes=1, nproc_per_node=4))
+    assert any(m.startswith("zero=0 with cp=2") for m in missing)
+    toml, _ = ex.torchtitan_toml(cfg, ex.Launch(nnodes=2, nproc_per_node=8))
+    job = tomllib.loads(toml)["parallelism"]
+    assert (job["data_parallel_replicate_degree"], job["data_parallel_shard_degree"],
+            job["context_parallel_degree"]) == (2, 4, 2)

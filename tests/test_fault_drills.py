@@ -60,27 +60,28 @@ def die_while_saving(victim: int, where: str) -> None:
     """SIGKILL rank `victim` in the middle of its next save: after writing its shards, or before the commit marker."""
     if rank.get_rank() != victim:
         return
-    if where == "during shards":  # this rank's shard file is on disk, DCP's .metadata is not
-        from torch.distributed.checkpoint import FileSystemWriter
+    if where == "during shards":  # this rank's chunks are in the store, DCP's .metadata is not
+        from workbench.engine.checkpoint_storage import ChunkWriter
 
-        real_write = FileSystemWriter.write_data
+        real_write = ChunkWriter.write_data
 
         def write_then_die(self, plan, planner):
             real_write(self, plan, planner).wait()
             os.kill(os.getpid(), signal.SIGKILL)
 
-        FileSystemWriter.write_data = write_then_die
+        ChunkWriter.write_data = write_then_die
     else:  # rank 0 has written the manifest, not yet the COMMIT
         from workbench import checkpoints
+        from workbench.checkpoints import write
 
-        real_synced = checkpoints._write_synced
+        real_synced = write._write_synced
 
         def die_before_commit(path, data):
             if path.name == checkpoints.COMMIT:
                 os.kill(os.getpid(), signal.SIGKILL)
             real_synced(path, data)
 
-        checkpoints._write_synced = die_before_commit
+        write._write_synced = die_before_commit
 
 
 def arm(victim: int, fault: str, ballast_mb: int = 0) -> None:
@@ -199,7 +200,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_loadable(bench, str
     with pytest.raises(wb.WorkerDied) as info:
         bench.save(tmp_path)
     assert info.value.rank == victim
-    left = sorted(p.name for p in tmp_path.iterdir())
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("chunks", ".lock"))  # the chunk store
     print(f"\nkilled {where}: {left}")
     assert left[0].startswith(f".step-{2 * EVERY:06d}.tmp-") and left[1:] == [f"step-{EVERY:06d}"]
     assert _resume(bench, tmp_path, straight) == EVERY + 3

@@ -21,9 +21,10 @@ def test_every_layout_is_ranked_or_refused_with_a_reason(plan_8b):
     p = plan_8b
     enumerated = list(layouts(p.inputs))
     assert len(p.ranked) + len(p.refused) == len(enumerated) > 100
-    # Every factorisation of 16 ranks into dp·tp·pp was tried.
-    tried = {(c.choice["dp"], c.choice["tp"], c.choice["pp"]) for c in (*p.ranked, *p.refused)}
-    assert tried == {(16 // (t * q), t, q) for t in (1, 2, 4, 8, 16) for q in (1, 2, 4, 8, 16) if 16 % (t * q) == 0}
+    # Every factorisation of 16 ranks into dp·cp·tp·pp was tried (cp while each rank keeps 2048 of the 4096 tokens).
+    tried = {(c.choice["dp"], c.choice["cp"], c.choice["tp"], c.choice["pp"]) for c in (*p.ranked, *p.refused)}
+    assert tried == {(16 // (t * q * k), k, t, q) for t in (1, 2, 4, 8, 16) for q in (1, 2, 4, 8, 16) for k in (1, 2)
+                     if 16 % (t * q * k) == 0}
     for c in p.refused:
         if c.refused.startswith("invalid"):
             # The refusal is Config's own: making that Config raises the same message.

@@ -50,7 +50,7 @@ def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_pa
     assert "step      3" in outputs[0] and "started by torchrun" in outputs[0]
     torchrun = _losses(run / "metrics.jsonl")
     assert sorted(torchrun) == [0, 1, 2, 3] and _losses(run / "metrics.jsonl", rank=1) == torchrun
-    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["step-000002", "step-000004"]
+    assert [d.name for _, d in wb.checkpoints.complete(run / "ckpt")] == ["step-000002", "step-000004"]
 
     # Started as srun starts tasks (no torchrun: SLURM_PROCID/SLURM_NTASKS, MASTER_ADDR/PORT exported), two ranks
     # resume torchrun's step-2 checkpoint and train step 2 again, to the same loss.
@@ -129,4 +129,4 @@ def test_sigterm_stops_at_a_step_boundary_and_saves(tmp_path):
         proc.kill()
     steps = sorted(_losses(tmp_path / "m.jsonl"))
     assert 3 <= len(steps) < 100 and steps == list(range(len(steps)))
-    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [f"step-{len(steps):06d}"]
+    assert [d.name for _, d in wb.checkpoints.complete(tmp_path / "ckpt")] == [f"step-{len(steps):06d}"]

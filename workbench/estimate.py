@@ -16,12 +16,12 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from workbench.config import Config, ModelConfig, checkpointed_blocks
-from workbench.engine.parallel.schedule_grid import config_stages, rank_layers, rank_orders, stages_of_rank
+from workbench.schedules import config_stages, rank_layers, rank_orders, stages_of_rank
 from workbench.hardware import Hardware, profile, si
 from workbench.telemetry.analysis import bus_factor
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"]
-Axis = Literal["dp", "tp", "pp", "ep", "edp"]
+Axis = Literal["dp", "tp", "pp", "ep", "edp", "cp"]
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default gradient bucket (bucket_cap_mb=25): one all-reduce per bucket."""
@@ -105,6 +105,14 @@ AdamW's two fp32 moments."""
 ZERO_PAPER_STATE_BYTES = StateBytes(parameters=2, gradients=2, optimizer=12)
 """Rajbhandari et al. 2020 (ZeRO), section 3.1: mixed-precision Adam keeps fp16 parameters and gradients (2+2 B)
 and K = 12 B of optimizer state (fp32 master parameters, momentum, variance)."""
+
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "lion": 4, "sgd": 4}
+"""fp32 optimizer state per parameter by Config.optimizer: AdamW's two moments, Lion's one, SGD's momentum buffer."""
+
+
+def engine_state_bytes(optimizer: str) -> StateBytes:
+    """What the engine keeps per parameter with `optimizer` (ENGINE_STATE_BYTES is AdamW's)."""
+    return StateBytes(parameters=4, gradients=4, optimizer=OPTIMIZER_STATE_BYTES[optimizer])
 
 
 def model_state_memory(params: int, dp: int, zero: int,
@@ -346,7 +354,7 @@ class _StagePlan:
         # Stage boundaries this rank crosses per micro-batch: an input from the stage before (all but stage 0) and
         # a gradient from the stage after (all but the last), each received and, by the neighbour, sent.
         self.boundaries = sum(s > 0 for s in self.stages) + sum(s < self.last_stage for s in self.stages)
-        self.autocast = cfg.precision in ("bf16", "fp16")
+        self.autocast = cfg.precision in ("bf16", "fp16", "fp8_tensorwise", "fp8_rowwise")  # fp8: bf16 beside
         self.act_bytes = 2 if self.autocast else 4
         block_full, head_full = _matmul_params(m)
         # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
@@ -367,7 +375,12 @@ class _StagePlan:
         self.params += len(self.moe_layers) * (m.dim * m.n_experts + m.shared_expert * mlp - mlp // tp) \
             + self.expert_params
         self.tensors += len(self.moe_layers) * (1 + 3 * m.shared_expert)
-        self.tokens = cfg.micro_batch_size * cfg.seq_len
+        # Context parallel: a cp rank holds seq_len/cp tokens of every sequence (its attention reads all of them).
+        self.tokens = cfg.micro_batch_size * cfg.seq_len // cfg.cp
+        self.sync = cfg.dp * cfg.cp
+        """Ranks that hold the same weights and average their gradients: dp, times cp."""
+        self.shard_ranks = self.sync // cfg.dp_replicate if cfg.hsdp else self.sync
+        """Ranks ZeRO shards over: all of `sync`, or under HSDP one shard group (dp/dp_replicate, times cp)."""
         self.checkpointed = self._checkpointed(layers)
         attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
         block_train = 3 * (2 * block_full + attn_fwd)
@@ -483,7 +496,7 @@ class _StagePlan:
         experts, edp = 4 * self.expert_params, dp // cfg.ep
         # DDP copies every gradient into its flat buckets (FSDP2's replicate, used under tp, does not); with ep > 1
         # it ignores the expert slices, which are all-reduced over edp on their own.
-        buffers = params - (experts if cfg.ep > 1 else 0) if zero <= 1 and dp > 1 and cfg.tp == 1 else 0
+        buffers = params - (experts if cfg.ep > 1 else 0) if zero <= 1 and self.sync > 1 and cfg.tp == 1 else 0
         if zero >= 2:
             largest_unit = max(self.root, self.block_params if self.layers else 0)
             # Within a pipeline, FSDP2 accumulates full gradients until the last micro-batch; alone, it
@@ -505,8 +518,9 @@ class _StagePlan:
             other += max(self.layer_activations(i) for i in self.layers if self._is_checkpointed(i))
         # Expert slices are synchronised and sharded over edp = dp/ep, everything else over dp.
         split_experts = self.expert_params if cfg.ep > 1 else 0
-        dense = model_state_memory(self.params - split_experts, dp, zero)
-        sliced = model_state_memory(split_experts, edp, zero)
+        state = engine_state_bytes(cfg.optimizer)
+        dense = model_state_memory(self.params - split_experts, self.shard_ranks, zero, state)
+        sliced = model_state_memory(split_experts, edp, zero, state)
         parameters, gradients, optimizer = (a + b for a, b in zip(dense, sliced))
         memory = Memory(
             parameters=parameters,
@@ -537,7 +551,7 @@ class _StagePlan:
         compute_s = self.flops / peak
         backward_mb_s = compute_s / self.cfg.micro_batches * 2 / 3
         comm = [*self._dp_comm(hw, step_compute_s, backward_mb_s), *self._tp_comm(hw), *self._pp_comm(hw),
-                *self._ep_comm(hw)]
+                *self._ep_comm(hw), *self._cp_comm(hw, peak)]
         return StageEstimate(stage=self.rank, layers=self.layers, params=self.params, memory=self.memory(),
                              flops=self.flops, compute_s=compute_s, comm=tuple(c for c in comm if c.calls))
 
@@ -553,7 +567,8 @@ class _StagePlan:
 
     def _dp_comm(self, hw: Hardware, step_compute_s: float, backward_mb_s: float) -> list[Collective]:
         cfg = self.cfg
-        if cfg.dp == 1:
+        n, shard = self.sync, self.shard_ranks  # the cp ranks average gradients with the dp ranks
+        if n == 1:
             return []
         # With ep > 1 the expert slices are synchronised over edp (`_ep_comm`), the rest over dp.
         grads = 4 * (self.params - (self.expert_params if cfg.ep > 1 else 0))
@@ -567,12 +582,12 @@ class _StagePlan:
             if cfg.compression != "none":
                 out = self._compressed_sync(hw, grads, backward_mb_s)
             else:
-                out = [self._collective(hw, "dp", "all_reduce", what, calls, grads / calls, cfg.dp,
+                out = [self._collective(hw, "dp", "all_reduce", what, calls, grads / calls, n,
                                         hidden_by=backward_mb_s)]
             if cfg.zero == 1:
                 # ZeroRedundancyOptimizer broadcasts each updated parameter tensor from the rank that owns it.
                 out.append(self._collective(hw, "dp", "broadcast", "updated parameters (ZeRO-1)", self.tensors,
-                                            grads / self.tensors, cfg.dp))
+                                            grads / self.tensors, n))
             return out
         sync_each_mb = cfg.pp == 1
         syncs = m if sync_each_mb else 1
@@ -586,12 +601,18 @@ class _StagePlan:
             # Each micro-batch gathers every unit for forward and all but the root again for backward.
             gather_bytes = m * (2 * grads - 4 * self.root)
             gather_calls = m * (2 * units - (self.root > 0))
-        return [
+        out = [
             self._collective(hw, "dp", "all_gather", f"parameters (ZeRO-{cfg.zero})", gather_calls,
-                             gather_bytes / gather_calls, cfg.dp, hidden_by=rest),
+                             gather_bytes / gather_calls, shard, hidden_by=rest),
             self._collective(hw, "dp", "reduce_scatter", "gradients" + (f" ({cfg.compression})" if half else ""),
-                             units * syncs, grads / units / (2 if half else 1), cfg.dp, hidden_by=sync_window),
+                             units * syncs, grads / units / (2 if half else 1), shard, hidden_by=sync_window),
         ]
+        if cfg.hsdp:
+            # HSDP: each reduce-scattered shard is then all-reduced across the dp_replicate groups.
+            out.append(self._collective(hw, "dp", "all_reduce", "gradients (HSDP, across replica groups)",
+                                        units * syncs, grads / units / shard / (2 if half else 1),
+                                        cfg.dp_replicate, hidden_by=sync_window))
+        return out
 
     def _compressed_sync(self, hw: Hardware, grads: int, hidden_by: float) -> list[Collective]:
         """DDP's gradient sync under a compression hook (zero 0/1, tp = 1; Config refuses the rest)."""
@@ -599,17 +620,17 @@ class _StagePlan:
         buckets = _ddp_buckets(grads)
         if cfg.compression in ("fp16", "bf16"):
             return [self._collective(hw, "dp", "all_reduce", f"gradients ({cfg.compression})", len(buckets),
-                                     grads / 2 / len(buckets), cfg.dp, hidden_by=hidden_by)]
+                                     grads / 2 / len(buckets), self.sync, hidden_by=hidden_by)]
         if cfg.compression == "powersgd":
             sent = sum(_powersgd_elements(shape, cfg.powersgd_rank) for shape in self.shapes())
             return [self._collective(hw, "dp", "all_reduce", f"gradients (PowerSGD rank {cfg.powersgd_rank})",
-                                     3 * len(buckets), 4 * sent / (3 * len(buckets)), cfg.dp, hidden_by=hidden_by)]
-        payload = sum(quantized_bucket_bytes(b // 4, cfg.dp, cfg.compression) for b in buckets)
+                                     3 * len(buckets), 4 * sent / (3 * len(buckets)), self.sync, hidden_by=hidden_by)]
+        payload = sum(quantized_bucket_bytes(b // 4, self.sync, cfg.compression) for b in buckets)
         # Two phases per bucket, each moving the whole quantised bucket: all_to_all, then all_gather.
         return [self._collective(hw, "dp", "all_to_all", f"gradients ({cfg.compression}, phase 1)", len(buckets),
-                                 payload / len(buckets), cfg.dp, hidden_by=hidden_by),
+                                 payload / len(buckets), self.sync, hidden_by=hidden_by),
                 self._collective(hw, "dp", "all_gather", f"gradients ({cfg.compression}, phase 2)", len(buckets),
-                                 payload / len(buckets), cfg.dp, hidden_by=hidden_by)]
+                                 payload / len(buckets), self.sync, hidden_by=hidden_by)]
 
     def shapes(self) -> list[tuple[int, ...]]:
         """Parameter shapes of this stage (tp = 1): what PowerSGD compresses, matrix by matrix."""
@@ -623,6 +644,24 @@ class _StagePlan:
         if self.last:
             shapes += [(m.dim,), (m.vocab_size, m.dim)]
         return shapes
+
+    def _cp_comm(self, hw: Hardware, peak: float) -> list[Collective]:
+        """Context parallel's ring (engine/parallel/context.py), per block and micro-batch: forward passes this rank's
+        keys and values on cp-1 times, backward passes them again and their fp32 gradients cp times (the last hop
+        brings them home); a recomputed block's forward passes them once more. Each pass is one send (and one
+        recv) of (2, micro-batch, kv_heads/tp, seq/cp, head_dim), overlapped with the attention of the block held."""
+        cfg, m = self.cfg, self.cfg.model
+        if cfg.cp == 1:
+            return []
+        mb, layers, cp = cfg.micro_batches, len(self.layers), cfg.cp
+        kv_elements = 2 * self.tokens * (m.kv_heads // cfg.tp) * m.head_dim
+        # What attention computes per step on this rank (q·kᵀ and p·v over the whole sequence, fwd + bwd).
+        hidden = 3 * 4 * self.tokens * cfg.seq_len * m.n_heads * m.head_dim / cfg.tp * layers * mb / peak
+        kv_calls = mb * (2 * layers + self.checkpointed) * (cp - 1)
+        return [self._collective(hw, "cp", "send_recv", "keys and values (ring)", kv_calls,
+                                 self.act_bytes * kv_elements, cp, hidden_by=hidden),
+                self._collective(hw, "cp", "send_recv", "key and value gradients (ring)", mb * layers * cp,
+                                 4 * kv_elements, cp, hidden_by=hidden)]
 
     def _tp_comm(self, hw: Hardware) -> list[Collective]:
         cfg, m = self.cfg, self.cfg.model

@@ -33,7 +33,10 @@ class Hardware:
     """True when the figures were measured on this machine rather than taken from a datasheet."""
 
     def peak(self, precision: str) -> float:
-        """Peak FLOP/s at `precision`; refuses one the device has no figure for."""
+        """Peak FLOP/s at `precision`; refuses one the device has no figure for. An fp8 recipe
+        ("fp8_tensorwise", "fp8_rowwise") is the device's fp8 rate."""
+        if precision.startswith("fp8"):
+            precision = "fp8"
         try:
             return self.peak_flops[precision]
         except KeyError:

@@ -8,9 +8,11 @@ if its most loaded rank fits the device's memory; the rest are listed with why t
 
 The search space is a list of axes, enumerated in order; each axis lists its values given the choices already
 made. Adding an axis (expert parallel: `Axis("ep", lambda c, p: divisors(c["dp"]))`) is one entry in `AXES`.
+Context parallel (cp) and HSDP (dp_replicate) are axes too, searched where they can pay: cp while each rank keeps
+`min_cp_tokens` of a sequence, HSDP with one shard group per node.
 
 `scale_layout` carries a planned layout onto the local pool (fewer ranks, the notebook's model): the degrees
-shrink dp first, then pp, then tp (tp is what a layout is most about and costs the least to keep), and every
+shrink dp first, then pp, then cp, then tp (tp is what a layout is most about and costs the least to keep), and every
 other change it needs is said.
 """
 
@@ -36,6 +38,10 @@ class PlanInputs:
     seq_len: int
     precision: str
     max_micro_batches: int
+    gpus_per_node: int = 8
+    """GPUs per machine: HSDP is searched with one shard group per node (NVLink), replicated across nodes."""
+    min_cp_tokens: int = 2048
+    """Context parallel is searched while each rank keeps at least this many tokens of a sequence."""
 
 
 @dataclass(frozen=True)
@@ -59,14 +65,34 @@ def _expert_parallel(c: dict[str, Any], p: PlanInputs) -> list[int]:
     return [d for d in divisors(c["dp"]) if experts % d == 0] if experts else [1]
 
 
+def _context_parallel(c: dict[str, Any], p: PlanInputs) -> list[int]:
+    # Divisors of the ranks left that keep at least min_cp_tokens per rank: below that the K/V exchange in every
+    # attention costs more than the activations it saves. Config refuses the rest (the 2·cp·tp chunks, MoE).
+    left = p.gpus // (c["tp"] * c["pp"])
+    return [d for d in divisors(left) if d == 1 or p.seq_len // d >= p.min_cp_tokens]
+
+
+def _hsdp(c: dict[str, Any], p: PlanInputs) -> list[int]:
+    # FSDP2 over all dp ranks (1), or HSDP with one shard group per node: a node holds gpus_per_node / (cp·tp) dp
+    # ranks (tp and cp are inside it, mesh order), whose gathers and reduce-scatters then stay on NVLink.
+    if c["zero"] < 2:
+        return [1]
+    per_node, inner = p.gpus_per_node, c["cp"] * c["tp"]
+    shard = per_node // inner if per_node % inner == 0 else 0
+    return [1] + ([c["dp"] // shard] if shard > 1 and c["dp"] % shard == 0 and c["dp"] > shard else [])
+
+
 AXES: tuple[Axis, ...] = (
     Axis("tp", lambda c, p: divisors(p.gpus)),
     Axis("pp", lambda c, p: divisors(p.gpus // c["tp"])),
-    Axis("dp", lambda c, p: [p.gpus // (c["tp"] * c["pp"])]),
+    Axis("cp", _context_parallel),
+    Axis("dp", lambda c, p: [p.gpus // (c["tp"] * c["pp"] * c["cp"])]),
     Axis("ep", _expert_parallel),
     Axis("schedule", lambda c, p: ["gpipe", "1f1b", "interleaved_1f1b"] if c["pp"] > 1 else ["1f1b"]),
     Axis("micro_batches", _micro_batches),
-    Axis("zero", lambda c, p: [0, 1, 2, 3] if c["dp"] > 1 else [0]),
+    # The cp ranks average gradients with the dp ranks: ZeRO shards over dp·cp.
+    Axis("zero", lambda c, p: [0, 1, 2, 3] if c["dp"] * c["cp"] > 1 else [0]),
+    Axis("dp_replicate", _hsdp),
     Axis("activation_checkpointing", lambda c, p: ["none", "selective", "full"]),
 )
 """The layout axes, in the order they are chosen; values of a later axis may depend on earlier choices."""
@@ -137,8 +163,8 @@ class Plan:
         rows = []
         for i, c in enumerate(self.top(n), 1):
             e, cfg = c.estimate, c.config
-            rows.append({"#": str(i), "layout": cfg.layout, "dp": str(cfg.dp), "tp": str(cfg.tp), "pp": str(cfg.pp),
-                         "zero": str(cfg.zero), "schedule": cfg.schedule if cfg.pp > 1 else "-",
+            rows.append({"#": str(i), "layout": cfg.layout, "dp": str(cfg.dp), "cp": str(cfg.cp), "tp": str(cfg.tp),
+                         "pp": str(cfg.pp), "zero": str(cfg.zero) + (f" hsdp{cfg.dp_replicate}" if cfg.hsdp else ""), "schedule": cfg.schedule if cfg.pp > 1 else "-",
                          "micro": str(cfg.micro_batches), "recompute": cfg.activation_checkpointing,
                          "step": f"{e.step_time_s * 1e3:,.0f} ms",
                          "tokens/s/GPU": f"{e.tokens_per_s / cfg.world_size:,.0f}", "MFU": f"{e.mfu:.0%}",
@@ -171,18 +197,23 @@ class Plan:
 
 def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int = 8, global_batch: int = 64, *,
          seq_len: int = 2048, precision: str = "bf16", efficiency: float = 0.4, max_micro_batches: int = 32,
-         base: Config | None = None) -> Plan:
+         gpus_per_node: int = 8, min_cp_tokens: int = 2048, base: Config | None = None) -> Plan:
     """Rank every valid layout of `model` on `gpus` devices by predicted step time, with memory fit per rank.
 
     global_batch: sequences per optimizer step (Config.batch_size); seq_len, precision: fixed for every layout.
     efficiency: the MFU assumption the estimator runs at (see `wb.estimate`).
+    gpus_per_node: HSDP is tried with one shard group per node; min_cp_tokens: context parallel is tried while
+    every rank keeps at least this many tokens of a sequence.
     base: other Config fields (lr, seed, stages_per_rank, ...) every candidate keeps.
     """
     model = ModelConfig.preset(model) if isinstance(model, str) else model
     hw = profile(hardware) if isinstance(hardware, str) else hardware
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus: must be a positive integer, got {gpus!r}")
-    inputs = PlanInputs(model, gpus, global_batch, seq_len, precision, max_micro_batches)
+    for name, value in (("gpus_per_node", gpus_per_node), ("min_cp_tokens", min_cp_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    inputs = PlanInputs(model, gpus, global_batch, seq_len, precision, max_micro_batches, gpus_per_node, min_cp_tokens)
     template = base or Config()
     fixed = {"model": model, "batch_size": global_batch, "seq_len": seq_len, "precision": precision}
     ranked, refused = [], []
@@ -203,7 +234,7 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
 
 
 # -- onto the local pool --------------------------------------------------------------------------------------
-LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "schedule", "micro_batches", "stages_per_rank", "zero",
+LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "schedule", "micro_batches", "stages_per_rank", "zero", "dp_replicate",
                  "activation_checkpointing", "precision")
 """What a planned layout carries to the local pool; the model, batch, sequence and optimizer stay the local ones."""
 
@@ -223,27 +254,35 @@ class Scaled:
 def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
     """`layout`'s parallel settings on `world` local ranks, for `onto`'s model, batch and training settings.
 
-    Degrees: tp is kept as far as `world` and the local model allow, then pp, and dp takes the ranks left (so dp
-    shrinks first); ep as far as the new dp and the local model's experts allow. Then whatever the new degrees need: ZeRO off without dp ranks, enough micro-batches for the
-    schedule, a batch the dp·micro-batch split divides, a sequence tp divides. Refuses (ConfigError) only when no
-    layout of those axes fits the local world.
+    Degrees: tp is kept as far as `world` and the local model allow, then cp (a dense model), then pp, and dp takes
+    the ranks left (so dp shrinks first); ep as far as the new dp and the local model's experts allow, HSDP's
+    replicas as far as the new dp does. Then whatever the new degrees need: ZeRO off without dp ranks, enough
+    micro-batches for the schedule, a batch the dp·micro-batch split divides, a sequence tp (and cp's 2·cp
+    chunks) divide. Refuses (ConfigError) only when no layout of those axes fits the local world.
     """
     model = onto.model
     chunks = lambda pp, sched, spr: pp * (spr if pp > 1 and sched == "interleaved_1f1b" else 1)  # noqa: E731
     tp = max(d for d in divisors(world) if d <= layout.tp and model.n_heads % d == 0 and model.kv_heads % d == 0
              and model.hidden_dim % d == 0)
+    # A mixture of experts routes whole sequences: it takes no context parallel.
+    cp = max(d for d in divisors(world // tp) if d <= layout.cp and (d == 1 or not model.n_experts))
     schedule, spr = layout.schedule, layout.stages_per_rank
-    pp = max(d for d in divisors(world // tp) if d <= layout.pp and model.n_layers % chunks(d, schedule, spr) == 0)
-    dp = world // (tp * pp)
-    changes = [f"{axis} {old}→{new}" if old != new else f"{axis} {old} kept"
-               for axis, old, new in (("dp", layout.dp, dp), ("pp", layout.pp, pp), ("tp", layout.tp, tp))]
+    pp = max(d for d in divisors(world // (tp * cp))
+             if d <= layout.pp and model.n_layers % chunks(d, schedule, spr) == 0)
+    dp = world // (tp * cp * pp)
+    degrees = [("dp", layout.dp, dp), ("pp", layout.pp, pp), ("tp", layout.tp, tp)]
+    if layout.cp > 1 or cp > 1:
+        degrees.insert(1, ("cp", layout.cp, cp))
+    changes = [f"{axis} {old}→{new}" if old != new else f"{axis} {old} kept" for axis, old, new in degrees]
+    if cp < layout.cp and model.n_experts:
+        changes[1] += " (a mixture of experts routes whole sequences)"
     experts = model.n_experts
     ep = max(d for d in divisors(dp) if d <= layout.ep and (experts % d == 0 if experts else d == 1))
     if ep != layout.ep:
         why = "the local model is dense" if not experts else f"ep divides dp={dp} and the {experts} experts"
         changes.append(f"ep {layout.ep}→{ep} ({why})")
     zero, micro = layout.zero, layout.micro_batches
-    if zero and dp == 1:
+    if zero and dp * cp == 1:
         changes.append(f"zero {zero}→0 (no dp ranks to shard across)")
         zero = 0
     if zero == 1 and tp > 1:
@@ -252,6 +291,15 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
     if zero == 1 and ep > 1:
         changes.append("zero 1→2 (ZeroRedundancyOptimizer cannot hold expert slices that differ across ep ranks)")
         zero = 2
+    replicate = 1
+    if layout.hsdp:
+        # Replica groups as far as the new dp keeps at least two ranks in each shard group (and zero stays 2/3).
+        fits = [r for r in divisors(dp) if r <= layout.dp_replicate and r < dp] if zero >= 2 else [1]
+        replicate = max(fits or [1])
+        if replicate != layout.dp_replicate:
+            why = (f"zero={zero} replicates everything" if zero < 2
+                   else f"dp={dp}: every replica group needs ≥ 2 ranks to shard over")
+            changes.append(f"dp_replicate {layout.dp_replicate}→{replicate} ({why})")
     if pp > 1 and micro < pp:
         changes.append(f"micro_batches {micro}→{pp} (the schedule needs ≥ pp)")
         micro = pp
@@ -265,11 +313,17 @@ def scale_layout(layout: Config, world: int, onto: Config) -> Scaled:
         changes.append(f"batch_size {batch}→{new} (divisible by dp·micro_batches)")
         batch = new
     seq = onto.seq_len
-    if tp > 1 and seq % tp:
+    if tp > 1 and seq % tp and cp == 1:
         new = seq - seq % tp
         changes.append(f"seq_len {seq}→{new} (a multiple of tp)")
         seq = new
+    if cp > 1 and seq % (2 * cp * tp):
+        # cp cuts each sequence into 2·cp balanced chunks, each split further by tp's sequence parallel.
+        step = 2 * cp * tp
+        new = max(step, seq - seq % step)
+        changes.append(f"seq_len {seq}→{new} (a multiple of 2·cp·tp = {step})")
+        seq = new
     settings = {f: getattr(layout, f) for f in LAYOUT_FIELDS}
-    settings.update(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batches=micro)
+    settings.update(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, dp_replicate=replicate, micro_batches=micro)
     cfg = dataclasses.replace(onto, batch_size=batch, seq_len=seq, **settings)
     return Scaled(cfg, tuple(changes))

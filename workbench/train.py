@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-to", default=None, help="directory for checkpoints (step-N inside)")
     p.add_argument("--save-every", type=int, default=None, help="save every N steps (and at the end)")
     p.add_argument("--keep", type=int, default=None, help="keep only the last K checkpoints")
+    p.add_argument("--async-save", action="store_true",
+                   help="write the periodic checkpoints in the background while training goes on (DCP async_save)")
     p.add_argument("--metrics", default="metrics.jsonl", help="JSONL file every rank appends its StepMetrics to")
     p.add_argument("--report", default=None, help="rank 0 writes the HTML report here at the end")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"resumed from {loaded['path']} (saved by {loaded['saved_layout']}): next step {loaded['step']}",
             flush=True)
     nonce = _agreed(secrets.token_hex(4))
-    saves = checkpoints.SaveSchedule(args.save_every, saves_dir, args.keep, nonce) if args.save_every else None
+    saves = checkpoints.SaveSchedule(args.save_every, saves_dir, args.keep, args.async_save, nonce=nonce) if args.save_every else None
     remaining = max(0, args.steps - session.next_step())
     start = time.perf_counter()
     done = session.train(remaining, run_id, saves) if remaining else []

@@ -21,6 +21,8 @@ from typing import Any
 
 from workbench import checkpoints
 from workbench.config import Config, ConfigError
+from workbench.corpus import check_corpus
+from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
@@ -109,7 +111,8 @@ class Run:
 class Workbench:
     """A pool of ranks holding one model that notebook cells configure, train and inspect.
 
-    world_size: ranks to start (local processes, one per GPU on CUDA).
+    world_size: ranks to start (local processes, one per GPU on CUDA). More than the machine's cores or available
+    memory warns with the estimate; more than its memory holds (≈0.4 GB a rank) is refused unless oversubscribe=True.
     corpus: folder of text to train on; None is the Python standard library's source.
     telemetry: measure every step (compute/communication timeline through the compiled recording
     backend, memory by category, MFU); False runs plain gloo/NCCL and reports losses and times only.
@@ -123,8 +126,9 @@ class Workbench:
     """
 
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
-                 pool: Pool | None = None, session: RankSession | None = None, exclusive: bool | None = None,
-                 **pool_kwargs: Any) -> None:
+                 pool: Pool | None = None, session: RankSession | None = None, oversubscribe: bool = False,
+                 exclusive: bool | None = None, **pool_kwargs: Any) -> None:
+        check_corpus(corpus)  # before any rank is spawned
         self.corpus, self.telemetry = corpus, telemetry
         self.closed = False
         self.phase: str | None = None
@@ -135,6 +139,9 @@ class Workbench:
         if exclusive:
             _close_previous()  # before spawning: the old ranks must not share the cores with the new ones
         if pool is None:
+            if not pool_kwargs.get("external") and (warning := world_size_warning(
+                    world_size, Machine.this(), oversubscribe=oversubscribe)):
+                warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
             setup = "workbench.telemetry.comm:register" if telemetry else None
             pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
         self.pool = pool
@@ -157,7 +164,8 @@ class Workbench:
             raise ConfigError(f"config: expected a wb.Config, got {type(cfg).__name__}. Fix: pass wb.Config(...).")
         cfg.check_world(self.pool.world_size)
         caps = self.capabilities
-        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"])
+        cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
+                         cuda=caps["device"].startswith("cuda"))
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -175,6 +183,7 @@ class Workbench:
 
     def _apply(self, cfg: Config, *, fresh: bool, run: str | None = None, origin: str | None = None) -> dict[str, Any]:
         self.check(cfg)
+        check_corpus(self.corpus)  # the folder may have changed since the Workbench was made
         self._require_idle("apply a new layout")
         phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
         with self._doing(phase):
@@ -227,17 +236,19 @@ class Workbench:
 
     # -- train -----------------------------------------------------------------------------------
     def train(self, steps: int = 100, *, save_every: int | None = None, save_to: str | Path | None = None,
-              keep: int | None = None) -> Run:
+              keep: int | None = None, async_save: bool = False) -> Run:
         """Start training for `steps` steps in the background; returns a Run at once.
 
         save_every=N, save_to="ckpt/": also save a checkpoint every N steps, keeping the last `keep`.
+        async_save=True: each save copies the state to host memory and training goes on while it is written
+        (the run ends once the last one is durable).
         """
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"steps: must be a positive integer, got {steps!r}. Fix: pass e.g. steps=100.")
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
-        saves = checkpoints.schedule(save_every, save_to, keep)
+        saves = checkpoints.schedule(save_every, save_to, keep, async_save)
         # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
         run_id = secrets.token_hex(8)
         self._run = Run(self, self.session.train(steps, run_id, saves), run_id, steps, self._next_step())
@@ -268,11 +279,14 @@ class Workbench:
             return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
 
     def load(self, path: str | Path, *, run: str | None = None) -> dict[str, Any]:
-        """Load the latest complete checkpoint under `path` into the current layout (whatever layout saved it).
+        """Load the newest checkpoint under `path` (or the one `path` names) into the current layout, whatever
+        layout saved it.
 
         Without a model yet, the saved Config is applied first. Anything wrong with
-        the checkpoint is found before the current model is touched. The steps from the checkpoint on are a
-        new run (named `run` if given), so training again from one checkpoint keeps both branches.
+        the checkpoint is found before the current model is touched; a damaged newest
+        checkpoint is refused, naming the newest intact one (pass its path to load it). The steps from the
+        checkpoint on are a new run (named `run` if given), so training again from one checkpoint keeps both
+        branches.
         """
         self._require_idle("load a checkpoint")
         checkpoint_dir = checkpoints.resolve(path)
@@ -295,9 +309,10 @@ class Workbench:
     # -- the large run ---------------------------------------------------------------------------
     def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
         """Write what runs the current Config without the notebook into `directory`: config.json, run.sh (torchrun),
-        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan.toml; returns `wb.export.Exported`.
+        run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan run (torchtitan.sh for torchtitan 0.3,
+        torchtitan.toml for older releases); returns `wb.export.Exported`.
 
-        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, port.
+        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, async_save, port.
         """
         from workbench.export import export
 

@@ -97,6 +97,7 @@ def train(cfg: Config, steps: int, parallel: str | None = None) -> dict:
         "losses": losses if runner.is_last else None,
         "fqns": sorted(n for m in runner.modules for n, _ in m.named_parameters()),
         "torch_order": _compute_actions(runner.schedule.pipeline_order[runner.pp_rank]),
+        "grid": str(runner.grid()),
         "intervals": list(intervals),
     }
 
@@ -139,20 +140,3 @@ def loss_scale_grads(cfg: Config, scale: float) -> dict:
     (loss_a, grads_a), (loss_b, grads_b) = results
     ratio = max(float((grads_b[n] - scale * grads_a[n]).abs().max() / grads_b[n].abs().max()) for n in grads_a)
     return {"losses": (loss_a, loss_b), "max_rel_err": ratio}
-
-
-def torch_orders(cases: list[tuple[str, int, int, int]]) -> list[list[str]]:
-    """For each (schedule, pp, microbatches, stages_per_rank): this rank's F/B order as torch's schedule
-    object computes it (built over the whole world, never stepped)."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleInterleaved1F1B
-
-    rank, cpu = dist.get_rank(), torch.device("cpu")
-    orders = []
-    for schedule, pp, microbatches, per_rank in cases:
-        if schedule == "interleaved_1f1b":
-            stages = [PipelineStage(nn.Identity(), rank + k * pp, pp * per_rank, cpu) for k in range(per_rank)]
-            sched = ScheduleInterleaved1F1B(stages, microbatches, loss_fn=loss_fn)
-        else:
-            sched = ScheduleGPipe(PipelineStage(nn.Identity(), rank, pp, cpu), microbatches, loss_fn=loss_fn)
-        orders.append(_compute_actions(sched.pipeline_order[rank]))
-    return orders

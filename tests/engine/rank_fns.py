@@ -9,9 +9,10 @@ Engine work runs inside `rank.unchecked()`: its collectives are symmetric by
 construction (torch's parallel modules), and the pool's mismatch check
 misreads some of them (a scatter's list exists on the source rank only).
 
-The reference (`reference_run`) shares nothing with the engine but the model
-and the loss: one process, the whole batch, a plain AdamW loop (with
-autocast and GradScaler for low precision). Every layout must reproduce it.
+The reference (`reference_run`) shares nothing with the engine but the model,
+the loss and the optimizer's class (Lion's own test holds it to the paper): one process, the whole batch, a plain optimizer loop (with
+autocast and GradScaler for low precision; the Config's optimizer, AdamW by
+default). Every layout must reproduce it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from workbench.config import Config
 from workbench.engine.mesh import build_mesh
 from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing, set_moe_aux_grad_scale
+from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.precision import DTYPES
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.trainer import Flags, Trainer
@@ -69,7 +71,7 @@ def reference_run(cfg: Config, steps: int, data: Any = None) -> dict[str, Any]:
     (batch_size, seq_len + 1) tokens; `SyntheticData(cfg)` when None.
     """
     model = build_model(cfg.model, cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = OPTIMIZERS[cfg.optimizer](model.parameters(), **hyperparameters(cfg))  # AdamW unless the Config says
     scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
     dtype = DTYPES[cfg.precision]
     data = SyntheticData(cfg) if data is None else data

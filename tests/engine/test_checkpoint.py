@@ -43,7 +43,7 @@ SAVED_AT, THEN = 3, 3
 # Workbenches run with telemetry=False (but one): these tests are about training state, not measurements.
 CFG = Config(dp=2, batch_size=8, seq_len=64)
 """What the Workbench tests train: the real corpus, small batches."""
-N = 30
+N = 12
 
 
 # -- on the ranks ---------------------------------------------------------------------------------------
@@ -110,17 +110,21 @@ def bench(pool):
         pool.run(drop)
 
 
+def trained_straight(pool, steps: int) -> list[float]:
+    """CFG trained `steps` steps straight through on `pool`, no save: what every resume must reproduce."""
+    if pool.broken:
+        pool.restart()
+    pool.run(drop)
+    bench = wb.Workbench(pool=pool, telemetry=False)
+    bench.apply(CFG)
+    losses = [m.loss for m in bench.train(steps).wait()]
+    pool.run(drop)
+    return losses
+
+
 @pytest.fixture(scope="module")
 def straight(_session_pool) -> list[float]:
-    """CFG trained 2·N steps straight through, no save: what every resume must reproduce."""
-    if _session_pool.broken:
-        _session_pool.restart()
-    _session_pool.run(drop)
-    bench = wb.Workbench(pool=_session_pool, telemetry=False)
-    bench.apply(CFG)
-    losses = [m.loss for m in bench.train(2 * N).wait()]
-    _session_pool.run(drop)
-    return losses
+    return trained_straight(_session_pool, 2 * N)
 
 
 # -- across layouts ---------------------------------------------------------------------------------------
@@ -145,7 +149,7 @@ def test_a_resume_in_a_new_workbench_is_bit_identical_to_training_straight_throu
         second = fresh.train(N).wait()
     assert [m.step for m in second] == list(range(N, 2 * N))
     assert [m.loss for m in first + second] == straight
-    print(f"60 losses bit-identical (last {straight[-1]:.6f})")
+    print(f"{2 * N} losses bit-identical (last {straight[-1]:.6f})")
 
 
 def test_one_process_continues_a_two_rank_zero3_checkpoint(bench, straight, tmp_path):
@@ -162,7 +166,7 @@ def test_one_process_continues_a_two_rank_zero3_checkpoint(bench, straight, tmp_
 def test_periodic_saves_keep_the_last_k_and_each_resumes_exactly(bench, straight, tmp_path):
     bench.apply(CFG)
     bench.train(12, save_every=4, save_to=tmp_path, keep=2).wait()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000008", "step-000012"]
+    assert [c.name for _, c in ck.complete(tmp_path)] == ["step-000008", "step-000012"]
     assert bench.load(tmp_path)["step"] == 12
     bench.load(tmp_path / "step-000008")
     assert [m.step for m in bench.history] == list(range(8))  # the steps after the checkpoint run again
@@ -178,21 +182,30 @@ def test_bad_checkpoints_are_refused_and_training_is_untouched(bench, straight, 
     partial = tmp_path / "partial"
     partial.mkdir()
     shutil.copytree(good, ck.temp_dir(partial, 9, "dead"))  # a save interrupted before its rename
-    flipped = shutil.copytree(good, tmp_path / "flipped" / good.name)
-    shard = flipped / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
+    # Copies of the whole directory: a checkpoint's data is in the chunk store beside it.
+    flipped = shutil.copytree(good.parent, tmp_path / "flipped")
+    chunk = max((flipped / "chunks").glob("*/*"), key=lambda p: p.stat().st_size)
+    data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x10
-    shard.write_bytes(bytes(data))
+    chunk.write_bytes(bytes(data))
     (tmp_path / "empty").mkdir()
+    damaged = shutil.copytree(good.parent, tmp_path / "damaged")  # issue 17's drill: the newest one damaged
+    truncated = shutil.copytree(good, ck.final_dir(damaged, 7))
+    (truncated / ck.MANIFEST).write_bytes((truncated / ck.MANIFEST).read_bytes()[:50])
+    forged = shutil.copytree(good.parent, tmp_path / "forged")
+    _forge_manifest(forged / good.name, next_step=-7)
     before = pool.run(fingerprint)
 
     cases = {
         tmp_path / "missing": "does not exist",
         tmp_path / "empty": "no complete checkpoint in",
         partial: r"incomplete, not loadable: \.step-000009\.tmp-dead",
-        flipped: r"__1_0\.distcp: SHA-256 .* does not match",
+        flipped: rf"chunks/../{chunk.name}: SHA-256 .* does not match its name: the chunk is corrupt .*step-000005",
         tmp_path / "other": r"parameter layers\.0\.attention\.wq\.weight: shape \(64, 64\) in the checkpoint, "
                             r"\(128, 128\) in this model",
+        damaged: r"step-000007, the newest checkpoint in .* is damaged .*the newest intact one is .*step-000005",
+        forged: r"step-000005, the newest checkpoint .* is damaged \(.*'next_step' must be an integer ≥ 0, got -7",
+        forged / good.name: r"manifest field 'next_step' must be an integer ≥ 0, got -7",
     }
     for path, message in cases.items():
         with pytest.raises(CheckpointError, match=message) as info:
@@ -200,6 +213,7 @@ def test_bad_checkpoints_are_refused_and_training_is_untouched(bench, straight, 
         print(f"{path.name}: {str(info.value).splitlines()[0]}")
     assert not pool.broken
     assert pool.run(fingerprint) == before
+    assert bench.load(damaged / good.name)["step"] == 5  # named explicitly, the intact one loads
     assert [m.loss for m in bench.train(5).wait()] == straight[5:10]
 
 
@@ -223,6 +237,13 @@ def _forge(checkpoint_dir: Path, name: str, data: bytes) -> None:
     (checkpoint_dir / ck.COMMIT).write_text(ck.sha256_file(manifest_path))
 
 
+def _forge_manifest(checkpoint_dir: Path, **fields) -> None:
+    """Edit manifest fields and recompute the commit marker, as the drill did."""
+    manifest_path = checkpoint_dir / ck.MANIFEST
+    manifest_path.write_text(json.dumps({**json.loads(manifest_path.read_text()), **fields}))
+    (checkpoint_dir / ck.COMMIT).write_text(ck.sha256_file(manifest_path))
+
+
 def test_a_crafted_checkpoint_cannot_run_code_on_the_ranks(bench, tmp_path, pool):
     bench.apply(CFG)
     bench.train(2).wait()
@@ -241,13 +262,17 @@ def test_dcp_would_run_code_from_non_tensor_values_and_the_safe_planner_refuses(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+    from workbench.engine.checkpoint_storage import ChunkReader, ChunkWriter
+
     marker = tmp_path / "code-ran"
-    dcp.save({"w": torch.ones(3), "extra": _Mkdir(str(marker))}, checkpoint_id=tmp_path / "c", no_dist=True)
+    (tmp_path / "c").mkdir()
+    dcp.save({"w": torch.ones(3), "extra": _Mkdir(str(marker))}, no_dist=True,
+             storage_writer=ChunkWriter(tmp_path, tmp_path / "c", commit=lambda files, chunks: None))
     with pytest.raises(dcp.CheckpointException) as info:
-        dcp.load({"w": torch.empty(3), "extra": None}, storage_reader=checkpoint.SafeReader(tmp_path / "c"),
+        dcp.load({"w": torch.empty(3), "extra": None}, storage_reader=ChunkReader(tmp_path / "c"),
                  planner=checkpoint.SafePlanner(), no_dist=True)
     assert "extra: refused" in str(info.value) and "posix.mkdir" in str(info.value)
     assert not marker.exists()
-    dcp.load({"w": torch.empty(3), "extra": None}, checkpoint_id=tmp_path / "c", planner=DefaultLoadPlanner(),
-             no_dist=True)
+    dcp.load({"w": torch.empty(3), "extra": None}, storage_reader=ChunkReader(tmp_path / "c"),
+             planner=DefaultLoadPlanner(), no_dist=True)
     assert marker.exists(), "the attack is real: torch's default planner ran it"

@@ -59,7 +59,7 @@ def test_periodic_saves_at_ep2_resume_exactly_in_a_fresh_workbench(pool, tmp_pat
         bench = wb.Workbench(pool=pool, telemetry=False)
         bench.apply(EP2)
         straight = [m.loss for m in bench.train(6, save_every=3, save_to=tmp_path).wait()]
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000003", "step-000006"]
+        assert [d.name for _, d in wb.checkpoints.complete(tmp_path)] == ["step-000003", "step-000006"]
         pool.run(drop)
         fresh = wb.Workbench(pool=pool, telemetry=False)
         info = fresh.load(tmp_path / "step-000003")  # no model yet: the saved Config (ep=2) is applied first

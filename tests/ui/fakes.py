@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 import workbench as wb
-from workbench.engine.parallel.schedule_grid import Action
+from workbench.schedules import Action
 from workbench.telemetry.events import Interval, StepMetrics
 
 

@@ -11,7 +11,7 @@ from comm.base_comm import BaseComm
 
 import workbench as wb
 from tests.ui.fakes import step_metrics
-from workbench.engine.parallel.schedule_grid import ideal_bubble_fraction, measured_bubble, schedule_grid
+from workbench.schedules import ideal_bubble_fraction, measured_bubble, schedule_grid
 from workbench.telemetry.store import TelemetryStore
 from workbench.ui.live import LivePlots, Ticker
 from workbench.ui.panels import pipeline_intervals, static_figures

@@ -4,7 +4,8 @@ What a checkpoint holds, as flat DCP keys:
     model.<fqn>                      each parameter as this layout holds it: DTensor shards under FSDP2 and
                                      TP, plain tensors under DDP; pipeline ranks hold different layers under
                                      the full model's names, so the union over ranks is the whole model
-    optim.state.<fqn>.<key>          AdamW's state, sharded like its parameter
+    optim.state.<fqn>.<key>          the optimizer's state (AdamW's moments and step, Lion's moment, SGD's
+                                     momentum buffer), sharded like its parameter
                                      (expert-parallel slices, parameters and moments alike, are saved as shards
                                      of the whole (n_experts, ...) tensor: engine/expert_state.py)
     rng.<rank>.<generator>           every rank's random generators, as tensors
@@ -23,19 +24,31 @@ per partition in `opt.optim`, so each rank saves its partition as plain tensors
 under the same flat keys (nothing is gathered: the union is the whole state),
 and a load reads the keys of the partition the rank holds now.
 
+Storage: each rank's shards go into the checkpoint root's content-addressed
+chunk store, written only where the store lacks them (`checkpoint_storage`
+says why that is a DCP StorageWriter of our own); rank 0 commits once all
+are down. Asynchronous saves (torchtitan's async_mode="async") go through DCP's
+`async_save`: the state is copied to host memory on the training thread, then
+written and committed in a background thread over a gloo group of their own,
+so the training's collectives and the save's never interleave on one group.
+One save at a time: the next save, a load or the end of `train` waits for a
+background one and raises its error, if any. Each save is reported as a
+`CheckpointSave` event (started, staged, durable; bytes written and reused).
+
 Safety: torch 2.13's DCP reads `.metadata` with plain `pickle.load` and
 non-tensor values with `torch.load(weights_only=False)`, so a crafted file
-would run code. `SafeReader` unpickles the metadata through an allow-list of
-DCP's own record classes and checks every shard name; `SafePlanner` reads any
-non-tensor value with `weights_only=True` (tensors DCP already reads so), though
-our checkpoints hold none.
+would run code. `ChunkReader` unpickles the index through an allow-list of
+DCP's own record classes and checks every entry; `SafePlanner` reads any
+non-tensor value with `weights_only=True`, though our checkpoints hold none.
 """
 
 from __future__ import annotations
 
 import pickle
 import random
-import re
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +57,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -58,10 +71,13 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
+from workbench.engine.checkpoint_storage import ChunkReader, ChunkWriter
 from workbench.engine.expert_state import as_global, as_held, expert_names, global_target
+from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.expert import is_expert_slice, param_of_key
 from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
+from workbench.telemetry.events import CheckpointSave
 
 if TYPE_CHECKING:
     from workbench.engine.trainer import Trainer
@@ -69,45 +85,104 @@ if TYPE_CHECKING:
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 """Sharded (each rank its own part) and flat ("state.<fqn>.exp_avg"): per-parameter keys merge across
 pipeline stages and ZeRO-1 partitions and split into any other."""
-_SHARD = re.compile(r"^__\d+_\d+\.distcp$")
+_PENDING, _GROUP = "checkpoint.pending", "checkpoint.group"
+"""Where a rank keeps its background save in flight and the gloo group background saves use (`rank.state`)."""
 
 
 # -- save -----------------------------------------------------------------------------------------------
-def save(trainer: Trainer, next_step: int, directory: str, keep: int | None, nonce: str) -> Path:
+def save(trainer: Trainer, next_step: int, directory: str, keep: int | None, nonce: str,
+         asynchronous: bool = False) -> Path:
     """Write the trainer's state as `directory`/step-N, N = `next_step` (collective); rank 0 commits it once every
-    shard is down. `nonce` names the temporary directory: every rank must pass the same."""
-    me = dist.get_rank()
-    tmp = checkpoints.temp_dir(directory, next_step, nonce)
-    final = checkpoints.final_dir(directory, next_step)
+    rank's chunks are down. `nonce` names the temporary directory: every rank must pass the same.
+
+    asynchronous: return once the state is copied to host memory; the bytes are written, and the checkpoint
+    committed, in the background while training goes on (`finish_pending` waits for it).
+    """
+    finish_pending()  # one save at a time
+    started = time.monotonic_ns()
+    root = Path(directory)
+    tmp = checkpoints.temp_dir(root, next_step, nonce)
+    final = checkpoints.final_dir(root, next_step)
     tmp.mkdir(parents=True, exist_ok=True)
-    try:
-        dcp.save(state_dict(trainer), storage_writer=FileSystemWriter(tmp, sync_files=True))
-    except CheckpointException as e:  # DCP gathers every rank's failure: all ranks raise this together
-        raise CheckpointError(f"saving {final} failed: {_causes(e)}") from None
-    rank.progress()  # a long save is not a hang
-    # Each rank hashes the shard files it wrote itself, so the digests cost one pass spread over all ranks.
-    try:
-        mine: dict[str, str] | str = checkpoints.digests(tmp, sorted(p.name for p in tmp.glob(f"__{me}_*.distcp")))
-    except OSError as e:
-        mine = f"rank {me}: {e}"
-    parts: list[Any] | None = [None] * dist.get_world_size() if me == 0 else None
-    dist.gather_object(mine, parts, dst=0)
-    error = None
-    if me == 0:
+    commit = None
+    if dist.get_rank() == 0:
+        manifest = _manifest(trainer, next_step)  # the counters as they are now, not when the bytes are down
+
+        def commit(files: dict[str, str], chunks: dict[str, int]) -> None:
+            checkpoints.commit(tmp, final, {**manifest, "files": files, "chunks": chunks}, keep)
+
+    writer = ChunkWriter(root, tmp, commit)
+    report = _Report(final, next_step, asynchronous, started, writer)
+    if not asynchronous:
         try:
-            if failed := [p for p in parts if isinstance(p, str)]:
-                raise CheckpointError("; ".join(failed))
-            files = {k: v for part in parts for k, v in part.items()}
-            files.update(checkpoints.digests(tmp, checkpoints.digests_missing(tmp, files)))  # .metadata
-            checkpoints.commit(tmp, final, _manifest(trainer, next_step, files), keep)
-        except Exception as e:  # noqa: BLE001 - sent to every rank below
-            error = f"{type(e).__name__}: {e}"
-    # Every rank leaves together, and fails alike when rank 0 could not commit: none waits for it in the next step.
-    verdict = [error]
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise CheckpointError(f"saving {final} failed: {verdict[0]}")
+            dcp.save(state_dict(trainer), storage_writer=writer)
+        except CheckpointException as e:  # DCP gathers every rank's failure: all ranks raise this together
+            report.done(f"{e}")
+            raise CheckpointError(f"saving {final} failed: {_causes(e)}") from None
+        finally:
+            writer.close()
+        report.done()
+        return final
+    try:
+        # Copies this rank's state to host memory now (DCP's default stager); the rest runs in a thread of DCP's.
+        future = dcp.async_save(state_dict(trainer), storage_writer=writer, process_group=_checkpoint_group())
+    except BaseException:
+        writer.close()
+        raise
+    report.staged = time.monotonic_ns()
+    rank.progress()
+    rank.state[_PENDING] = _Pending(final, future)
+    future.add_done_callback(report.from_future)
     return final
+
+
+def finish_pending() -> None:
+    """Wait for this rank's background save, if one is in flight; raise its failure as a CheckpointError."""
+    pending = rank.state.pop(_PENDING, None)
+    if pending is None:
+        return
+    try:
+        pending.future.result()
+    except CheckpointException as e:
+        raise CheckpointError(f"the background save of {pending.final} failed: {_causes(e)}") from None
+    except Exception as e:  # noqa: BLE001 - whatever it was, the checkpoint is not there
+        raise CheckpointError(f"the background save of {pending.final} failed: {type(e).__name__}: {e}") from None
+
+
+@dataclass
+class _Pending:
+    final: Path
+    future: Future
+
+
+class _Report:
+    """Times one save and emits its `CheckpointSave` event when it is durable (or failed)."""
+
+    def __init__(self, final: Path, step: int, asynchronous: bool, started: int, writer: ChunkWriter) -> None:
+        self.final, self.step, self.asynchronous, self.started, self.writer = final, step, asynchronous, started, writer
+        self.staged: int | None = None
+
+    def from_future(self, future: Future) -> None:
+        """DCP's thread calls this when the background save ends: the lock goes, the event is sent."""
+        self.writer.close()
+        error = future.exception()
+        self.done("" if error is None else f"{type(error).__name__}: {error}")
+
+    def done(self, error: str = "") -> None:
+        now = time.monotonic_ns()
+        rank.emit(CheckpointSave(
+            rank=dist.get_rank(), step=self.step, path=str(self.final), asynchronous=self.asynchronous,
+            start_ns=self.started, staged_ns=self.staged or now, durable_ns=now, bytes_written=self.writer.written,
+            bytes_reused=self.writer.reused, error=error[:500]))
+
+
+def _checkpoint_group() -> dist.ProcessGroup:
+    """The world's ranks in a gloo group for background saves only, made at the first one (a collective: every
+    rank makes its first background save at the same step) and kept for the pool's life, as meshes are."""
+    group = rank.state.get(_GROUP)
+    if group is None:
+        group = rank.state[_GROUP] = dist.new_group(backend="gloo")
+    return group
 
 
 def state_dict(trainer: Trainer) -> dict[str, Any]:
@@ -125,7 +200,7 @@ def state_dict(trainer: Trainer) -> dict[str, Any]:
 
 def _ep_mesh(trainer: Trainer) -> Any:
     """The "ep" axis of the trainer's mesh; None at ep=1 (the mesh has no such axis)."""
-    return trainer.mesh["ep"] if trainer.cfg.ep > 1 else None
+    return mesh_axis(trainer.mesh, trainer.cfg, "ep")
 
 
 def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -138,10 +213,11 @@ def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str,
     return get_optimizer_state_dict(module, opt, options=OPTIONS)
 
 
-def _manifest(trainer: Trainer, next_step: int, files: dict[str, str]) -> dict[str, Any]:
+def _manifest(trainer: Trainer, next_step: int) -> dict[str, Any]:
+    """The manifest's fields but the files and chunks, which the commit adds once they are down."""
     scaler = trainer.precision.scaler
     return {
-        "files": files, "next_step": next_step, "steps_done": trainer.steps_done,
+        "next_step": next_step, "steps_done": trainer.steps_done,
         "skipped_steps": trainer.skipped_steps, "scaler": scaler.state_dict() if scaler.is_enabled() else None,
         "config": checkpoints.config_to_json(trainer.cfg), "layout": trainer.cfg.layout,
         "world_size": dist.get_world_size(), "torch": torch.__version__,
@@ -158,7 +234,10 @@ def load(trainer: Trainer, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
     Problems found in the metadata are agreed over all ranks before DCP starts,
     so every rank raises the same CheckpointError and none is left waiting.
     """
-    reader, models, optims = _check_fit(trainer, path)
+    finish_pending()
+    # Another optimizer's state means nothing to this one: the weights load, the optimizer starts afresh.
+    same_optimizer = saved.get("optimizer", "adamw") == trainer.cfg.optimizer
+    reader, models, optims = _check_fit(trainer, path, same_optimizer)
     entries = reader.metadata.state_dict_metadata
     rng = {k: _empty(md) for k, md in entries.items() if k.startswith(f"rng.{dist.get_rank()}.")}
     request = {f"model.{k}": v for m in models for k, v in m.items()}
@@ -181,16 +260,17 @@ def load(trainer: Trainer, path: Path, saved: dict[str, Any]) -> dict[str, Any]:
     trainer.steps_done, trainer.skipped_steps = saved["steps_done"], saved["skipped_steps"]
     if rng:
         set_rng_state({k.split(".", 2)[2]: v for k, v in rng.items()}, trainer.device)  # filled in place
-    return {"rng_restored": bool(rng), "optimizer_restored": any(optims)}
+    return {"rng_restored": bool(rng), "optimizer_restored": any(optims),
+            "saved_optimizer": saved.get("optimizer", "adamw")}
 
 
-def _check_fit(trainer: Trainer, path: Path) -> tuple[SafeReader, list[dict], list[dict]]:
+def _check_fit(trainer: Trainer, path: Path, with_optimizer: bool) -> tuple[ChunkReader, list[dict], list[dict]]:
     """The reader and this rank's empty targets, once every rank agrees the checkpoint fits this model."""
     entries, models, optims, problems, refused = {}, [], [], [], None
     try:
-        reader = SafeReader(path)
+        reader = ChunkReader(path)
         entries = reader.metadata.state_dict_metadata
-        models, optims, problems = _targets(trainer, entries)
+        models, optims, problems = _targets(trainer, entries, with_optimizer)
     except CheckpointError as e:
         refused = str(e)
     # Pipeline ranks hold different parameters: only together do they know what the checkpoint has extra.
@@ -210,10 +290,11 @@ def _check_fit(trainer: Trainer, path: Path) -> tuple[SafeReader, list[dict], li
     return reader, models, optims
 
 
-def _targets(trainer: Trainer, entries: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:
+def _targets(trainer: Trainer, entries: dict[str, Any], with_optimizer: bool) -> tuple[list[dict], list[dict],
+                                                                                     list[str]]:
     """Empty tensors shaped like what this rank holds, per module part, and what does not fit the checkpoint."""
     models, optims, problems = [], [], []
-    has_optim = any(k.startswith("optim.state.") for k in entries)
+    has_optim = with_optimizer and any(k.startswith("optim.state.") for k in entries)
     for module, opt in zip(trainer.modules, trainer.optimizers):
         model: dict[str, torch.Tensor] = {}
         experts, ep_mesh = expert_names(module), _ep_mesh(trainer)
@@ -314,55 +395,7 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-# -- reading without running code from the file ---------------------------------------------------------
-_METADATA_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata records and nothing else: any other global in the file is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_CLASSES:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
-
-
-class SafeReader(FileSystemReader):
-    """DCP's file reader with its metadata read once, through the allow-list, and every shard name checked."""
-
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path)
-        file = Path(path) / ".metadata"
-        try:
-            with open(file, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{file}: refused ({type(e).__name__}: {e})") from None
-        if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-            raise CheckpointError(f"{file}: not torch.distributed.checkpoint metadata")
-        for info in metadata.storage_data.values():
-            if not _SHARD.match(str(getattr(info, "relative_path", ""))) or getattr(info, "transform_descriptors",
-                                                                                   None):
-                raise CheckpointError(f"{file}: refers to {getattr(info, 'relative_path', info)!r}, not a shard "
-                                      "file of this checkpoint")
-        metadata.storage_meta = metadata.storage_meta or StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        self.metadata = metadata
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        return self.metadata
-
-
+# -- reading non-tensor values without running code from the file -----------------------------------------
 class SafePlanner(DefaultLoadPlanner):
     """DCP's planner for flat state dicts, reading non-tensor values with `weights_only=True`."""
 

@@ -14,8 +14,6 @@ import datetime
 import hashlib
 import json
 import os
-import re
-import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ import numpy as np
 from filelock import FileLock
 
 from workbench.config import Config
+from workbench.corpus import Corpus, is_text
 
 if TYPE_CHECKING:
     import torch
@@ -34,57 +33,6 @@ SEPARATOR = 0
 boundary unambiguously."""
 SHARD_FORMAT = 1
 """Bumped when the shard's layout changes, so older caches are rebuilt rather than misread."""
-_SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Where text comes from: a folder (or one file) and which files in it count."""
-
-    root: Path
-    suffix: str | None
-    """Only files ending in this (".py" for the standard library); None takes every non-hidden file."""
-    name: str
-    """Short label used in the cache file's name."""
-
-    @classmethod
-    def resolve(cls, corpus: str | Path | None) -> Corpus:
-        """None means the standard library's .py files; otherwise a folder of text files (or a single file)."""
-        if corpus is None:
-            root = Path(sysconfig.get_paths()["stdlib"]).resolve()
-            return cls(root=root, suffix=".py", name=f"stdlib-{root.name}")
-        root = Path(corpus).expanduser().resolve()
-        if not root.exists():
-            raise FileNotFoundError(f"corpus {root} does not exist; pass a folder of text files (or None for the "
-                                    "Python standard library)")
-        return cls(root=root, suffix=None, name=re.sub(r"[^A-Za-z0-9_.-]+", "_", root.name) or "corpus")
-
-    def files(self) -> list[Path]:
-        """Candidate files in a fixed order (sorted relative paths), so the concatenation is reproducible."""
-        if self.root.is_file():
-            return [self.root]
-        found = []
-        for folder, subdirs, names in os.walk(self.root):
-            # Installed packages are not the standard library, and caches and hidden folders are not text.
-            subdirs[:] = [d for d in subdirs if d not in _SKIPPED_DIRS and not d.startswith(".")]
-            for name in names:
-                if name.startswith(".") or (self.suffix and not name.endswith(self.suffix)):
-                    continue
-                path = Path(folder, name)
-                if path.is_file():
-                    found.append(path)
-        return sorted(found, key=lambda p: p.relative_to(self.root).as_posix())
-
-    def fingerprint(self, files: list[Path]) -> str:
-        """A hash of every file's relative path, size and modification time: changes when the folder does."""
-        digest = hashlib.sha256()
-        for path in files:
-            stat = path.stat()
-            digest.update(f"{path.relative_to(self.root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        return digest.hexdigest()
-
-    def cache_key(self) -> str:
-        return f"{self.name}-{hashlib.sha256(f'{self.root}|{self.suffix}'.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -179,7 +127,7 @@ def _build(source: Corpus, files: list[Path], fingerprint: str, base: Path) -> S
         with tmp:
             for path in files:
                 text = path.read_bytes()
-                if bytes([SEPARATOR]) in text:
+                if not is_text(text):
                     skipped += 1
                     continue
                 for piece in (text, bytes([SEPARATOR])):

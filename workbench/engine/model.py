@@ -8,6 +8,9 @@ possible without touching this file:
   final norm and output head may be None, so a pipeline stage is this model
   with the parts it does not own removed (its forward then takes and returns
   hidden states).
+- attention's kernel is a module of its own (`CausalAttention`, `attention.core`), and positions come from the
+  rotary table the model holds (`rope`, row i for the i-th token it is given), so context parallel swaps in a
+  ring exchange of keys and values and a table of the rank's own positions (engine/parallel/context.py);
 - a mixture-of-experts FFN (`MoEFeedForward`) routes tokens, then hands the
   routed tokens to its `experts` submodule as one call, `experts(tokens,
   counts)`; expert parallelism replaces that submodule with one that first
@@ -48,10 +51,24 @@ def apply_rotary(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(-2).type_as(x)
 
 
+class CausalAttention(nn.Module):
+    """softmax(q·kᵀ/√head_dim, causally masked)·v over the sequence it is given, grouped-query aware.
+
+    A module of its own, holding no parameters, so that a layout can swap the
+    kernel without touching the projections around it (context parallel puts a
+    ring exchange of keys and values here).
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (batch, heads, seq, head_dim); k, v (batch, kv_heads, seq, head_dim) → (batch, heads, seq, head_dim)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
+        self.core = CausalAttention()
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
@@ -65,7 +82,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 

@@ -16,6 +16,7 @@ The format (identical on every rank and for every layout):
                before the first optimizer step.
     "scaler":  GradScaler.state_dict() (empty unless fp16)
     "trainer": {"steps_done": int, "skipped_steps": int}
+    "optimizer": Config.optimizer of the exporting trainer ("adamw", "lion", "sgd")
 
 Every rank gathers every tensor (dp/tp shards with torch.distributed.checkpoint's
 full_state_dict, expert-parallel slices with an all-gather over the ep axis, pipeline
@@ -75,12 +76,13 @@ def export_full_state(trainer: Any) -> dict[str, Any]:
     for module, opt in zip(trainer.modules, trainer.optimizers):
         shards = expert_shards(module, bare_name)
         model.update(_to_cpu(_gather_experts(get_model_state_dict(module, options=FULL), shards)))
-        optim.update(_to_cpu(_gather_experts(_export_optimizer(module, opt, trainer.mesh["dp"]), shards)))
+        optim.update(_to_cpu(_gather_experts(_export_optimizer(module, opt, trainer.dp_mesh), shards)))
     state = {
         "model": model,
         "optim": optim,
         "scaler": trainer.precision.scaler.state_dict(),
         "trainer": {"steps_done": trainer.steps_done, "skipped_steps": trainer.skipped_steps},
+        "optimizer": trainer.cfg.optimizer,
     }
     return _merge_over_axis(state, trainer.mesh, "pp")
 
@@ -89,9 +91,12 @@ def import_full_state(trainer: Any, state: dict[str, Any]) -> None:
     """Load a state from `export_full_state` (any layout) into `trainer` (collective: all ranks).
 
     Learning rate and weight decay stay those of the trainer's own Config: a
-    layout change may come with new hyperparameters, and they should win.
+    layout change may come with new hyperparameters, and they should win. A change
+    of optimizer (Config.optimizer) carries the weights and starts the new
+    optimizer's state afresh: one's moments mean nothing to another.
     """
-    per_param = _per_param(state["optim"])
+    same_optimizer = state.get("optimizer", "adamw") == trainer.cfg.optimizer
+    per_param = _per_param(state["optim"]) if same_optimizer else {}
     for module, opt in zip(trainer.modules, trainer.optimizers):
         own = {bare_name(name) for name, _ in module.named_parameters()}
         missing = own - state["model"].keys()
@@ -158,7 +163,8 @@ def _import_optimizer(module: nn.Module, opt: torch.optim.Optimizer, per_param: 
 
 
 def _per_param(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{"state.<fqn>.<key>": v} → {fqn: {key: v}}; AdamW's keys (step, exp_avg, exp_avg_sq) hold no dot."""
+    """{"state.<fqn>.<key>": v} → {fqn: {key: v}}; the optimizers' keys (step, exp_avg, exp_avg_sq,
+    momentum_buffer) hold no dot."""
     per_param: dict[str, dict[str, Any]] = {}
     for key, value in flat.items():
         if key.startswith("state."):

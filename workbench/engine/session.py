@@ -64,9 +64,10 @@ def capabilities() -> dict[str, Any]:
     """What this rank's device can do, for validating a Config before it is sent."""
     device = rank.info.device
     if device.startswith("cuda"):
-        major, _ = torch.cuda.get_device_capability(device)
-        return {"device": device, "name": torch.cuda.get_device_name(device), "bf16": major >= 8, "fp16": True}
-    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True}
+        major, minor = torch.cuda.get_device_capability(device)
+        return {"device": device, "name": torch.cuda.get_device_name(device), "bf16": major >= 8, "fp16": True,
+                "fp8": (major, minor) >= (8, 9)}  # fp8 matmuls (torch._scaled_mm): Ada, Hopper and newer
+    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True, "fp8": False}
 
 
 def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh: bool = False) -> dict[str, Any]:
@@ -111,9 +112,11 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
             rank.emit(metrics)
             done.append(metrics)
             if saves is not None and session.next_step % saves.every == 0:
-                checkpoint.save(session.trainer, session.next_step, saves.directory, saves.keep, saves.nonce)
+                checkpoint.save(session.trainer, session.next_step, saves.directory, saves.keep, saves.nonce,
+                                saves.asynchronous)
             if session.trainer.agreed.stop:
                 break
+        checkpoint.finish_pending()  # a run's checkpoints are all durable when it returns
     return done
 
 

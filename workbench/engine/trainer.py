@@ -23,7 +23,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.model import build_model, loss_fn, set_moe_aux_grad_scale
-from workbench.engine.parallel.data_parallel import build_optimizer, gradient_sync
+from workbench.engine.mesh import mesh_axis
+from workbench.engine.parallel.context import shard_sequence
+from workbench.engine.parallel.data_parallel import build_optimizer, gradient_mesh, gradient_sync
+from workbench.engine.parallel.float8 import after_optimizer_step
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
 from workbench.engine.routing import RouterTally
@@ -96,6 +99,9 @@ class Trainer:
         cfg.check_world(dist.get_world_size())
         self.cfg, self.mesh, self.device, self.data = cfg, mesh, torch.device(device), data
         self.dp_rank, self.dp_size = mesh.get_local_rank("dp"), mesh["dp"].size()
+        self.dp_mesh = gradient_mesh(mesh, cfg)
+        """The ranks that hold the same weights and average gradients: dp, times cp; 2-D under HSDP."""
+        self._cp_mesh = mesh_axis(mesh, cfg, "cp")
         # Every rank builds the whole model from the seed, so every layout starts from the same weights.
         model = build_model(cfg.model, cfg.seed)
         self.pipeline = None
@@ -113,8 +119,9 @@ class Trainer:
             self.pipeline.after_forward = self._routing.add  # every stage reads its own layers' routers
         # One optimizer per module part, as torchtitan does: each is then a (model, optimizer) pair
         # that torch.distributed.checkpoint can turn into a full state dict on its own.
-        self.optimizers = [build_optimizer(module, mesh["dp"], cfg) for module in self.modules]
+        self.optimizers = [build_optimizer(module, self.dp_mesh, cfg) for module in self.modules]
         self.precision = MixedPrecision(cfg, self.device.type)
+        self._after_update = after_optimizer_step(cfg)  # fp8 with FSDP2: the next gather's scales, in one go
         self.steps_done = 0
         """Optimizer steps run by this trainer, skipped ones included; carried across a reshard."""
         self.skipped_steps = 0
@@ -154,6 +161,8 @@ class Trainer:
         self.probe.before_vote()  # what the dp group sent before the vote is the gradient sync
         agreed = self._agree(loss, found_inf, flags)  # the step's one world all-reduce
         self.precision.step(self.optimizers, overflow=agreed.overflow, skip=agreed.skipped and not agreed.overflow)
+        if not agreed.skipped:
+            self._after_update(self.modules)
         self._drop_gradients()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so the step time includes the optimizer's kernels
@@ -191,7 +200,10 @@ class Trainer:
         # Every tp and pp rank of a dp group reads the same slice: tp ranks all need the whole
         # input, the first pipeline stage needs the inputs and the last one the targets.
         tokens = self.data.local_batch(step_index, self.dp_rank, self.dp_size).to(self.device)
-        return tokens[:, :-1], tokens[:, 1:]
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        if self._cp_mesh is not None:  # context parallel: this rank's two balanced chunks of every sequence
+            inputs, targets = shard_sequence(inputs, self._cp_mesh), shard_sequence(targets, self._cp_mesh)
+        return inputs, targets
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Accumulate the gradient of this dp rank's mean loss; return that loss (detached)."""

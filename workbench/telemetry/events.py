@@ -103,3 +103,44 @@ class StepMetrics:
     grad_sync_bytes: int = 0
     """Bytes this rank sent for the data-parallel gradient sync in the step (each recorded collective's size
     times its bus factor; `workbench.telemetry.grad_sync`); 0 with dp = 1 or telemetry off."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSave:
+    """One checkpoint save on one rank, as a span on its clock (the same as `Interval`'s: `time.monotonic_ns`).
+
+    A blocking save holds the training thread from `start_ns` to `durable_ns`; an asynchronous one only until
+    `staged_ns` (its state copied to host memory), while the bytes are written in the background.
+    """
+
+    rank: int
+    step: int
+    """The data position the checkpoint resumes at (its directory is step-<step>)."""
+    path: str
+    asynchronous: bool
+    start_ns: int
+    staged_ns: int
+    """When training could go on: the copy to host memory done (asynchronous), else = durable_ns."""
+    durable_ns: int
+    """When the save ended: committed (every chunk, the index, manifest and commit marker on disk), or failed."""
+    bytes_written: int = 0
+    """Chunk bytes this rank wrote: those the chunk store did not hold yet."""
+    bytes_reused: int = 0
+    """Chunk bytes this rank found in the store already (unchanged since an earlier checkpoint): not written."""
+    error: str = ""
+    """Why the save failed; "" when it committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compilation:
+    """One torch.compile compilation on one rank (Config.compile): sent when it starts (`end_ns` None: the status
+    line shows it in progress) and again when it ends, on the rank's clock (`time.monotonic_ns`, as `Interval`)."""
+
+    rank: int
+    compile_id: str
+    """Dynamo's id of the compiled frame ("0/0", "0/1": frame 0, its second variant after a recompile)."""
+    trigger: str
+    """"dynamo" (a forward traced and compiled), "lazy_backward" (its backward, at the first backward), or
+    "cudagraph_recording" (CUDA Graphs captured)."""
+    start_ns: int
+    end_ns: int | None = None

@@ -176,14 +176,17 @@ class StepProbe(NullProbe):
         self._vote_ns = self.native.now_ns()
 
     def _grad_sync_bytes(self, intervals: tuple[Interval, ...]) -> int:
-        """Bytes the dp gradient sync sent in the step, from the recorded collectives (0 without dp)."""
-        trainer = self.trainer
-        if trainer.dp_size == 1:
+        """Bytes the gradient sync sent in the step, from the recorded collectives (0 without replicas).
+
+        The sync runs over the trainer's gradient mesh: dp, or dp·cp with context parallel; under HSDP (a 2-D
+        mesh) FSDP2 reduce-scatters within the shard group, then all-reduces across the replicate group."""
+        mesh, zero, before = self.trainer.dp_mesh, self.trainer.cfg.zero, self._vote_ns
+        if mesh.size() == 1:
             return 0
-        group = trainer.mesh["dp"].get_group()
-        desc = getattr(group, "group_desc", "")
-        label = group.group_name if desc in ("", "undefined") else desc  # as the recording backend names it
-        return grad_sync_bytes(intervals, label, trainer.cfg.zero, before_ns=self._vote_ns)
+        if mesh.ndim == 2:
+            return (grad_sync_bytes(intervals, _group_label(mesh.get_group(1)), zero, before_ns=before)
+                    + grad_sync_bytes(intervals, _group_label(mesh.get_group(0)), 0, before_ns=before))
+        return grad_sync_bytes(intervals, _group_label(mesh.get_group()), zero, before_ns=before)
 
     def finish(self, metrics: StepMetrics) -> StepMetrics:
         gpu_spans = self.gpu.finish() if self.gpu is not None else []
@@ -219,6 +222,12 @@ class StepProbe(NullProbe):
         from workbench.telemetry.cuda_step import device_memory
 
         return device_memory(self.device)
+
+
+def _group_label(group: Any) -> str:
+    """A process group as the recording backend names it: its description, else its name."""
+    desc = getattr(group, "group_desc", "")
+    return group.group_name if desc in ("", "undefined") else desc
 
 
 def dist_world_size() -> int:

@@ -31,15 +31,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import (
-    COMPRESSION_HELP,
-    OFFLOAD_HELP,
-    RECOMPUTE_HELP,
-    SCHEDULE_HELP,
-    ZERO_HELP,
-    Config,
-    divisors,
-)
+from workbench.config import COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP, OPTIMIZER_HELP
+from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, divisors
 
 Values = SimpleNamespace
 """What the inputs describe, by Config field name (`v.dp`, `v.model`), before Config validates it."""
@@ -129,11 +122,31 @@ def _moe_help(v: Values) -> str | None:
             + split)
 
 
+def _cp_help(v: Values) -> str | None:
+    if v.cp == 1:
+        return None
+    share = v.seq_len // (2 * v.cp)
+    return (f"cp={v.cp}: each rank holds {2 * share} of the {v.seq_len} tokens of every sequence (2 balanced chunks "
+            f"of {share}), so its activations are 1/{v.cp}; keys and values go round the cp ring in every attention, "
+            "and the cp ranks average their gradients with the dp ranks")
+
+
+def _hsdp_help(v: Values) -> str | None:
+    if v.dp_replicate == 1 or v.zero < 2 or v.dp % v.dp_replicate:
+        return None
+    return (f"HSDP: {v.dp_replicate} replica groups of {v.dp // v.dp_replicate} ranks; FSDP2 shards within a group "
+            "(reduce-scatter) and all-reduces the shards across the groups")
+
+
 CONTROLS: tuple[Control, ...] = (
     Control("dp", "layout", degree("dp", "data-parallel degree")),
     Control("tp", "layout", degree("tp", "tensor-parallel degree")),
     Control("pp", "layout", degree("pp", "pipeline-parallel degree")),
+    Control("cp", "layout", degree("cp", "context-parallel degree: each sequence split across this many ranks"),
+            help=_cp_help),
     Control("zero", "layout", toggle("ZeRO", (0, 1, 2, 3), "ZeRO stage across the dp ranks"), help=_zero_help),
+    Control("dp_replicate", "layout", degree("HSDP replicas", "zero 2/3: dp ranks in this many replica groups, "
+                                             "FSDP2 sharding within each"), help=_hsdp_help),
     Control("schedule", "pipeline", dropdown("schedule", choices("schedule"), 210),
             help=lambda v: SCHEDULE_HELP[v.schedule] if v.pp > 1 else None, active=lambda v: v.pp > 1),
     Control("micro_batches", "pipeline", integer("micro-batches", 1, 1024, 150)),
@@ -142,7 +155,8 @@ CONTROLS: tuple[Control, ...] = (
     Control("recompute", "pipeline", toggle("recompute", choices("activation_checkpointing"),
                                              "activation checkpointing"),
             field="activation_checkpointing", help=lambda v: RECOMPUTE_HELP[v.activation_checkpointing]),
-    Control("precision", "pipeline", toggle("precision", choices("precision"), "compute precision")),
+    Control("precision", "pipeline", toggle("precision", choices("precision"), "compute precision"),
+            help=lambda v: PRECISION_HELP[v.precision] if v.precision in FP8 else None),
     Control("batch_size", "training", integer("batch", 1, 1 << 20, 130)),
     Control("seq_len", "training", integer("seq_len", 1, 1 << 20, 140)),
     Control("lr", "training", number("lr", 1e-4, 140)),
@@ -151,6 +165,11 @@ CONTROLS: tuple[Control, ...] = (
             help=lambda v: COMPRESSION_HELP[v.compression] if v.compression != "none" else None),
     Control("offload", "training", flag("offload optimizer (ZeRO-Offload)"),
             help=lambda v: OFFLOAD_HELP if v.offload else None),
+    Control("optimizer", "compiler", toggle("optimizer", choices("optimizer"), "the optimizer"),
+            help=lambda v: OPTIMIZER_HELP[v.optimizer] if v.optimizer != "adamw" else None),
+    Control("compile", "compiler", flag("torch.compile", 150), help=lambda v: COMPILE_HELP if v.compile else None),
+    Control("cuda_graphs", "compiler", flag("CUDA Graphs", 150),
+            help=lambda v: CUDA_GRAPHS_HELP if v.cuda_graphs else None, active=lambda v: v.compile),
     Control("ep", "experts", degree("ep", "expert-parallel degree: experts split across this many of the dp ranks"),
             help=_moe_help),
     Control("top_k", "experts", integer("top-k", 1, 1024, 110), field="model.top_k", active=_moe),

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _LABEL = {"description_width": "initial"}
 _HELP = ("<div style='font-size:13px'>Rank every layout of a model on many GPUs by the estimator's predicted step "
          "time (only layouts whose busiest rank fits the device's memory). <b>Apply locally</b> tries the chosen "
-         "layout on this notebook's ranks and model: the degrees shrink dp first, then pp, then tp, and every "
+         "layout on this notebook's ranks and model: the degrees shrink dp first, then pp, then cp, then tp, and every "
          "change is listed before you apply.</div>")
 
 

@@ -8,7 +8,14 @@
             until backward is done; gradients reduce-scattered, optimizer state sharded.
     zero=3  FSDP2: parameters also freed after each block's forward and gathered again in backward.
 
-Everything works over the "dp" axis of the mesh only. With tp > 1 the
+Everything works over the ranks that hold the same weights (`gradient_mesh`):
+the "dp" axis, or with context parallel "dp_cp" (the cp ranks of a replica
+computed their gradients from other tokens of the same sequences, so they
+average them with the dp ranks, as torchtitan's FSDP over "dp_shard_cp").
+HSDP (zero 2/3 with 1 < dp_replicate < dp) gives FSDP2 a 2-D mesh
+(dp_replicate, dp_shard): parameters sharded within each shard group,
+replicated across the groups; gradients reduce-scattered within a group, then
+all-reduced across groups. With tp > 1 the
 parameters are already DTensors on the tp axis, and the classic wrappers
 predate DTensor (torch 2.13): DDP's initial broadcast fails on them, and its
 built-in workaround (DDP on a mesh slice) drops the parameters from the module
@@ -43,7 +50,16 @@ from torch.nn.parallel import DistributedDataParallel
 from workbench.config import Config
 from workbench.engine.model import Transformer
 from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
-from workbench.engine.parallel.offload import HostOffloadAdamW
+from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
+from workbench.engine.parallel.offload import HostOffload
+
+
+def gradient_mesh(mesh: DeviceMesh, cfg: Config) -> DeviceMesh:
+    """The ranks that hold the same dense weights and average their gradients: "dp", "dp_cp" with context
+    parallel; under HSDP the 2-D (dp_replicate, dp_shard[_cp]) mesh FSDP2 replicates over and shards within."""
+    if cfg.hsdp:
+        return mesh["dp_replicate", "dp_shard_cp" if cfg.cp > 1 else "dp_shard"]
+    return mesh["dp_cp" if cfg.cp > 1 else "dp"]
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config,
@@ -51,16 +67,18 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, cfg: Config,
     """Replicate `model` over the dp axis; gradients all-reduced during backward."""
     if any(isinstance(p, DTensor) for p in model.parameters()):
         return _replicate_dtensor_model(model, dp_mesh)
+    # Buffers are never synced: the only one is the rotary table, built on every rank from the Config, and under
+    # context parallel each rank's holds its own positions, which DDP's initial broadcast from rank 0 would overwrite.
+    ignored = [name for name, _ in model.named_buffers()]
     if expert_mesh is not None:
         from workbench.engine.parallel.expert import expert_modules, sync_expert_gradients_with_hooks
 
-        ignored = [f"{name}.{p}" for name, m in expert_modules(model) for p, _ in m.named_parameters()]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
+        ignored += [f"{name}.{p}" for name, m in expert_modules(model) for p, _ in m.named_parameters()]
         sync_expert_gradients_with_hooks(model, expert_mesh)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
     # process_group, not device_mesh: given a slice of a larger mesh, DDP applies its TP workaround.
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.accelerator.current_device_index()]
-    # No buffer sync: the only buffer is the rotary table, identical everywhere by construction, and
-    # broadcasting it before every forward would add a collective per step that the timeline then shows.
+    # No buffer sync before each forward either: it would add a collective per step that the timeline shows.
     ddp = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
                                   **{_NO_BUFFER_SYNC: False})
     # Gradient compression is a comm hook: it replaces DDP's bucket all-reduce (Config.compression).
@@ -139,13 +157,16 @@ def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
 
 
 def build_optimizer(module: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> torch.optim.Optimizer:
-    """AdamW over `module`'s parameters; with zero=1 its state is sharded over the dp axis.
+    """The Config's optimizer (`engine/optimizers.py`) over `module`'s parameters; with zero=1 its state is
+    sharded over the dp axis.
 
-    With cfg.offload and zero 0/1 the AdamW is `HostOffloadAdamW` (state and step on the host); with
-    zero 2/3 FSDP2's CPUOffloadPolicy already put the shards on the host, so a plain AdamW steps there.
+    With cfg.offload and zero 0/1 it is its `HostOffload` version (state and step on the host); with zero 2/3
+    FSDP2's CPUOffloadPolicy already put the shards on the host, so the plain optimizer steps there.
     """
-    hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
-    optimizer_class = HostOffloadAdamW if cfg.offload and (cfg.zero <= 1 or dp_mesh.size() == 1) else torch.optim.AdamW
+    hyper = hyperparameters(cfg)
+    optimizer_class = OPTIMIZERS[cfg.optimizer]
+    if cfg.offload and (cfg.zero <= 1 or dp_mesh.size() == 1):
+        optimizer_class = HostOffload.of(optimizer_class)
     if cfg.zero == 1 and dp_mesh.size() > 1:
         return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_class,
                                        process_group=dp_mesh.get_group(), **hyper)

@@ -1,12 +1,14 @@
-"""ZeRO-Offload for zero 0/1: AdamW's state and step on the host, parameters copied back to the device.
+"""ZeRO-Offload for zero 0/1: the optimizer's state and step on the host, parameters copied back to the device.
 
-`HostOffloadAdamW` looks like any optimizer over the device parameters (so GradScaler, zero_grad,
-torch.distributed.checkpoint's state dicts and ZeroRedundancyOptimizer's `optimizer_class` all work
-on it unchanged), but owns a second, separate `torch.optim.AdamW` (`.host`) over fp32 master copies of
+`HostOffload.of(torch.optim.AdamW)` (or Lion, or SGD: any torch optimizer
+class) is an optimizer that looks like any other over the device parameters
+(so GradScaler, zero_grad, torch.distributed.checkpoint's state dicts and
+ZeroRedundancyOptimizer's `optimizer_class` all work on it unchanged), but owns
+a second, separate optimizer of that class (`.host`) over fp32 master copies of
 the parameters in host memory. A step:
 
     1. copies each gradient to the host (into pinned memory on CUDA),
-    2. runs the host AdamW there: moments and master weights never touch the device,
+    2. runs the host optimizer there: its state and the master weights never touch the device,
     3. copies the updated master weights back into the device parameters.
 
 `state` (what checkpoints and reshards read) is keyed by the device parameters, as torch expects, and
@@ -16,24 +18,33 @@ parameter is written from outside (a checkpoint load), its version counter chang
 refreshes the master copy from it.
 
 zero 2/3 use FSDP2's own CPUOffloadPolicy instead (see data_parallel.apply_fsdp): its sharded
-parameters already live on the host there, so a plain AdamW steps on the host by itself.
+parameters already live on the host there, so a plain optimizer steps on the host by itself.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 
-class HostOffloadAdamW(torch.optim.Optimizer):
-    """AdamW whose moments, master weights and step live in host memory (ZeRO-Offload)."""
+class HostOffload(torch.optim.Optimizer):
+    """An optimizer (`inner`, set by `HostOffload.of`) whose state, master weights and step live in host memory."""
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], lr: float = 1e-3,
-                 weight_decay: float = 1e-2, **adamw: Any) -> None:
-        # AdamW's own defaults (betas, eps, ...), so param_groups and state dicts read exactly as a plain AdamW's.
-        defaults = torch.optim.AdamW([torch.zeros(1)], lr=lr, weight_decay=weight_decay, **adamw).defaults
+    inner: type[torch.optim.Optimizer] = torch.optim.AdamW
+
+    @classmethod
+    @functools.cache
+    def of(cls, optimizer_class: type[torch.optim.Optimizer]) -> type[HostOffload]:
+        """The offloading version of `optimizer_class`, a class (one per optimizer class) that
+        ZeroRedundancyOptimizer can construct as its `optimizer_class`."""
+        return type(f"HostOffload{optimizer_class.__name__}", (cls,), {"inner": optimizer_class})
+
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], **hyper: Any) -> None:
+        # The inner class's own defaults, so param_groups and state dicts read exactly as a plain one's.
+        defaults = self.inner([torch.zeros(1)], **hyper).defaults
         super().__init__(params, dict(defaults))
         self._master: dict[torch.Tensor, torch.Tensor] = {}
         self._grad_buffer: dict[torch.Tensor, torch.Tensor] = {}  # pinned host gradients, reused (CUDA only)
@@ -46,13 +57,13 @@ class HostOffloadAdamW(torch.optim.Optimizer):
                 self._seen_version[p] = p._version
                 masters.append(self._master[p])
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": masters})
-        self.host = torch.optim.AdamW(groups)
-        """The host optimizer: a plain AdamW over the master copies; its state is this optimizer's state."""
+        self.host = self.inner(groups)
+        """The host optimizer: a plain one over the master copies; its state is this optimizer's state."""
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         if closure is not None:
-            raise ValueError("HostOffloadAdamW does not take a closure")
+            raise ValueError(f"{type(self).__name__} does not take a closure")
         for group, host_group in zip(self.param_groups, self.host.param_groups):
             # Hyperparameters set on this optimizer (a reshard, an lr schedule) apply to the host one.
             host_group.update({k: v for k, v in group.items() if k != "params"})
@@ -74,7 +85,7 @@ class HostOffloadAdamW(torch.optim.Optimizer):
 
     def _host_grad(self, p: torch.Tensor) -> torch.Tensor:
         if p.grad.device.type == "cpu":
-            return p.grad if p.grad.dtype == torch.float32 else p.grad.float()  # AdamW only reads it
+            return p.grad if p.grad.dtype == torch.float32 else p.grad.float()  # the step only reads it
         buffer = self._grad_buffer.get(p)
         if buffer is None:
             buffer = self._grad_buffer[p] = _host_copy(p.grad)
@@ -115,3 +126,6 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     out = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
     out.copy_(t.detach())
     return out
+
+
+HostOffloadAdamW = HostOffload.of(torch.optim.AdamW)

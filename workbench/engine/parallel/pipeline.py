@@ -48,7 +48,7 @@ computes just after it; the last B of each stage includes DDP's gradient
 all-reduce, which its hooks run inside backward (FSDP's reduce-scatter runs
 after the last B and is not inside any interval). Waits for activations and
 gradients from other ranks fall between intervals: that is the bubble, which
-`schedule_grid.measured_bubble` computes from the intervals.
+`workbench.schedules.measured_bubble` computes from the intervals.
 """
 
 from __future__ import annotations
@@ -67,13 +67,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
 from workbench.engine.model import Transformer
-from workbench.engine.parallel.schedule_grid import Grid, Kind, config_grid, config_stages, split_layers, stages_of_rank
+from workbench.engine.precision import DTYPES
+from workbench.schedules import Grid, Kind, config_stages, orders_from_torch, place, split_layers, stages_of_rank
 
 ActionHook = Callable[[Kind, int, int, int, int], None]
 """on_action(kind, stage, microbatch, start_ns, end_ns): one measured F or B."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def model_chunk(model: Transformer, layers: range, *, first: bool, last: bool) -> Transformer:
@@ -223,8 +222,8 @@ class PipelineRunner:
             stage.after_forward = hook
 
     def grid(self) -> Grid:
-        """The ideal time-step × rank grid of this pipeline's schedule."""
-        return config_grid(self.cfg)
+        """The ideal time-step × rank grid of this pipeline's schedule, from torch's own `pipeline_order`."""
+        return place(orders_from_torch(self.schedule.pipeline_order), config_stages(self.cfg))
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *,
              scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -266,8 +265,8 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     stages: list[_TimedStage] = []
     for stage_id in stages_of_rank(pp_rank, pp, per_rank):
         chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
-        if cfg.precision in _AUTOCAST_DTYPES:
-            autocast_forward(chunk, device.type, _AUTOCAST_DTYPES[cfg.precision])
+        if DTYPES[cfg.precision] is not None:  # the one table of autocast dtypes (engine/precision.py)
+            autocast_forward(chunk, device.type, DTYPES[cfg.precision])
         if parallelize_chunk is not None:
             chunk = parallelize_chunk(chunk)
         if isinstance(chunk, DistributedDataParallel):

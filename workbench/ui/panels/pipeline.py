@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.engine.parallel.schedule_grid import (
+from workbench.schedules import (
     Action,
     ActionInterval,
     config_grid,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.engine.parallel.schedule_grid import Action, config_stages
+from workbench.schedules import Action, config_stages
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.store import Snapshot
 from workbench.ui.panels.pipeline import action_label

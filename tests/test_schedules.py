@@ -6,18 +6,20 @@ import random
 
 import pytest
 
-from workbench.engine.parallel.schedule_grid import (
+from workbench.schedules import (
     Action,
     ActionInterval,
     Grid,
     ideal_bubble_fraction,
     measured_bubble,
     measured_grid,
+    orders_from_torch,
     place,
     rank_orders,
     schedule_grid,
     split_layers,
     stages_of_rank,
+    torch_rank_orders,
 )
 
 # Written out by hand from the dependency rules: F of stage s needs F of s-1 one step
@@ -122,9 +124,39 @@ def test_place_refuses_a_deadlock():
         place([[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0), Action(1, "F", 0)]])
 
 
+TORCH_SHAPES = [(s, pp, m, 1) for s in ("gpipe", "1f1b") for pp in (2, 3, 4, 8) for m in (1, 2, 4, 5, 8, 16)
+                if s == "gpipe" or m >= pp] + [
+    ("interleaved_1f1b", pp, m, v) for pp in (2, 4) for v in (2, 3, 4) for m in (pp, 2 * pp, 3 * pp, 4 * pp)]
+
+
+def test_rank_orders_are_torchs():
+    # One source of truth: torch's schedule objects. rank_orders is their torch-free copy for the kernel side.
+    for shape in TORCH_SHAPES:
+        assert rank_orders(*shape) == [list(o) for o in torch_rank_orders(*shape)], shape
+
+
+def test_torch_orders_are_read_from_its_ir_as_it_runs():
+    # Idle steps and the actions the grid does not draw are skipped; micro-batches numbered per stage and kind
+    # (torch 2.13's 1F1B IR numbers the last rank's forwards from 1, though it runs them from 0).
+    class Kind:  # what torch's _ComputationType is: a str enum with a value
+        def __init__(self, value):
+            self.value = value
+
+    class A:
+        def __init__(self, stage, kind, mb):
+            self.stage_index, self.computation_type, self.microbatch_index = stage, Kind(kind), mb
+
+    ir = {1: [None, A(1, "F", 1), A(1, "B", 0), A(1, "REDUCE_GRAD", None), A(1, "F", 2)],
+          0: [A(0, "F", 0), A(0, "SEND_F", 0), A(0, "F", 1)]}
+    assert orders_from_torch(ir) == [[Action(0, "F", 0), Action(0, "F", 1)],
+                                     [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1)]]
+
+
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="unknown schedule"):
         rank_orders("zb", 2, 4)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        torch_rank_orders("zb", 2, 4)
 
 
 def _intervals_from_grid(grid: Grid, step_ns: int, busy_ns: int) -> list[ActionInterval]:

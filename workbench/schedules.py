@@ -1,14 +1,15 @@
 """Pipeline arithmetic as data: which layers each rank holds, and who runs which forward (F) or backward (B)
 at each time step.
 
-Pure Python (no torch), so the engine, the estimator, the plots and the tests
-share one rule without processes:
+Pure Python (no torch), so the notebook side (config, estimator, plan, plots)
+and the engine share one rule without processes, and the notebook kernel
+never imports torch for it:
 
 - `virtual_stages(schedule, pp, stages_per_rank)`: model chunks per pipeline
   rank (the interleaved schedule's v; 1 otherwise); `split_layers` and
   `stages_of_rank` say which blocks each stage and rank holds (`rank_layers`).
 
-Two sources produce the same `Grid`:
+Three sources produce the same `Grid`:
 
 - `schedule_grid(schedule, pp, microbatches, stages_per_rank)`: the order in
   which each rank runs its actions under torch.distributed.pipelining's
@@ -16,6 +17,11 @@ Two sources produce the same `Grid`:
   as the dependencies allow (F of stage s needs F of stage s-1; B of stage s
   needs B of stage s+1 and its own F). Every F and B takes one step, as in
   torch's own printed schedules.
+- torch's own order, the schedule objects' `pipeline_order`: `orders_from_torch`
+  reads it (the engine's runner has the object), `torch_rank_orders` builds the
+  schedule object without processes to ask it (imports torch, so it is never
+  on the kernel's path). tests/test_schedules.py holds `rank_orders` equal to
+  it over a grid of shapes: torch's is the truth, ours its torch-free copy.
 - `measured_grid(intervals)`: the order each rank actually ran (from timed
   intervals), placed the same way, so it can be compared cell by cell with the
   ideal grid; `measured_bubble(intervals)` gives the idle fraction in real time.
@@ -25,10 +31,11 @@ Cells print as torch prints its actions: "1F0" is stage 1, forward, micro-batch 
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:  # config imports this module for its pipeline rule: no import back at run time
     from workbench.config import Config, Schedule
@@ -167,8 +174,8 @@ def rank_orders(schedule: Schedule, pp: int, microbatches: int, stages_per_rank:
 
     Mirrors torch.distributed.pipelining (ScheduleGPipe, Schedule1F1B,
     ScheduleInterleaved1F1B with stages placed in loop style: rank r holds
-    stages r, r+pp, ...); tests check it against the schedule objects' own
-    `pipeline_order`.
+    stages r, r+pp, ...) without importing torch, for the kernel side;
+    tests/test_schedules.py checks it equal to `torch_rank_orders`.
     """
     if pp < 1 or microbatches < 1 or stages_per_rank < 1:
         raise ValueError(f"pp, microbatches and stages_per_rank must be ≥ 1, got {pp}, {microbatches}, {stages_per_rank}")
@@ -223,6 +230,66 @@ def _interleaved(rank: int, pp: int, m: int, v: int) -> list[Action]:
         if op >= warmup:
             emit("B", bwd_stage(op), next_b)
     return order
+
+
+def orders_from_torch(pipeline_order: Mapping[int, Sequence[Any]]) -> list[list[Action]]:
+    """Each rank's F and B actions in a torch schedule's `pipeline_order` (its IR: `_Action`s, None for idle steps,
+    and actions this grid does not draw, such as REDUCE_GRAD or sends), read without importing torch.
+
+    Micro-batches are numbered by order of appearance per stage and kind: every torch schedule runs a stage's
+    forwards and its backwards in micro-batch order, and torch 2.13's Schedule1F1B IR numbers the last rank's
+    forwards 1..m although it runs 0..m-1 (where the IR is right this changes nothing).
+    """
+    orders = []
+    for rank in sorted(pipeline_order):
+        seen: dict[tuple[int, str], int] = defaultdict(int)
+        order = []
+        for action in pipeline_order[rank]:
+            kind = getattr(getattr(action, "computation_type", None), "value", None)
+            if kind in ("F", "B"):
+                key = (action.stage_index, kind)
+                order.append(Action(action.stage_index, kind, seen[key]))
+                seen[key] += 1
+        orders.append(order)
+    return orders
+
+
+@functools.lru_cache(maxsize=256)
+def torch_rank_orders(schedule: Schedule, pp: int, microbatches: int, stages_per_rank: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """What torch.distributed.pipelining's schedule of that name orders, asked of the schedule object itself.
+
+    Built over stand-in stages (a schedule computes `pipeline_order` in its
+    constructor from the stages' indices and group size, before any
+    communication), so it needs no process group; it imports torch (seconds
+    on first use), which is why the kernel-side callers use `rank_orders`.
+    """
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+    if schedule not in classes:
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(classes)}")
+    v = stages_per_rank if schedule == "interleaved_1f1b" else 1
+    stages = [_StandInStage(k * pp, pp * v, pp) for k in range(v)]
+    built = classes[schedule](stages if schedule == "interleaved_1f1b" else stages[0], microbatches)
+    return tuple(tuple(order) for order in orders_from_torch(built.pipeline_order))
+
+
+@dataclass
+class _StandInStage:
+    """What a torch schedule's constructor reads of rank 0's stage(s) to lay out every rank's order."""
+
+    stage_index: int
+    num_stages: int
+    group_size: int
+    group_rank: int = 0
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
 
 
 def place(orders: Sequence[Sequence[Action]], stages_per_rank: int = 1) -> Grid:

@@ -1,0 +1,82 @@
+"""Parameter counts of a model shape: the one home for them (the estimator, the plan, the UI and the tests read these).
+
+Counted from the shapes the engine builds (engine/model.py): per block
+wq, wk, wv, wo and a SwiGLU (w1, w2, w3), two RMSNorm weights; an embedding
+and an untied output head; a final norm. A mixture-of-experts FFN replaces the
+SwiGLU by a router (dim × n_experts), n_experts SwiGLU experts and, if asked,
+one shared SwiGLU expert.
+
+Two views of a MoE model: *stored* parameters (every expert; what memory
+holds) and *active* ones (what one token multiplies: the router, its top_k
+experts and the shared expert; what FLOPs follow).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.config.model import ModelConfig
+
+
+def attention_params(m: ModelConfig) -> int:
+    """wq and wo (dim × heads·head_dim each), wk and wv (dim × kv_heads·head_dim each)."""
+    return 2 * m.dim * m.n_heads * m.head_dim + 2 * m.dim * m.kv_heads * m.head_dim
+
+
+def mlp_params(m: ModelConfig) -> int:
+    """One SwiGLU MLP, w1, w3 (dim × hidden) and w2 (hidden × dim): a dense FFN, or one expert."""
+    return 3 * m.dim * m.hidden_dim
+
+
+def block_matmul_params(m: ModelConfig) -> int:
+    """Weight-matrix elements of one dense block (attention and SwiGLU; no norms): what tensor parallel splits."""
+    return attention_params(m) + mlp_params(m)
+
+
+def block_params(m: ModelConfig) -> int:
+    """Every parameter of one dense block: its matrices and its two RMSNorm weights."""
+    return block_matmul_params(m) + 2 * m.dim
+
+
+def embedding_params(m: ModelConfig) -> int:
+    """The token embedding, vocab_size × dim (a lookup: no FLOPs)."""
+    return m.vocab_size * m.dim
+
+
+def head_params(m: ModelConfig) -> int:
+    """The output head, dim × vocab_size (not tied to the embedding)."""
+    return m.dim * m.vocab_size
+
+
+def router_params(m: ModelConfig) -> int:
+    """A MoE FFN's router, dim × n_experts (0 for a dense model)."""
+    return m.dim * m.n_experts
+
+
+def moe_ffn_params(m: ModelConfig) -> int:
+    """Stored parameters of one mixture-of-experts FFN: router, every expert, the shared expert if any."""
+    return router_params(m) + (m.n_experts + m.shared_expert) * mlp_params(m)
+
+
+def moe_active_ffn_params(m: ModelConfig) -> int:
+    """Parameters of one MoE FFN that one token multiplies: the router, top_k experts and the shared expert."""
+    return router_params(m) + (m.top_k + m.shared_expert) * mlp_params(m)
+
+
+def total_params(m: ModelConfig) -> int:
+    """Every stored parameter: blocks (MoE FFNs with all their experts), embedding, head, final norm."""
+    dense = m.n_layers * block_params(m) + embedding_params(m) + head_params(m) + m.dim
+    return dense + m.n_moe_layers * (moe_ffn_params(m) - mlp_params(m))
+
+
+def active_params(m: ModelConfig) -> int:
+    """Parameters one token uses: as `total_params`, but each MoE FFN counts only its active part."""
+    return total_params(m) - m.n_moe_layers * (moe_ffn_params(m) - moe_active_ffn_params(m))
+
+
+def active_matmul_params(m: ModelConfig) -> int:
+    """Weight-matrix elements one token multiplies on its way through the model (embedding excluded: a lookup;
+    norms excluded: no matmul): 2 FLOPs each forward, 6 forward + backward."""
+    moe = m.n_moe_layers * (moe_active_ffn_params(m) - mlp_params(m))
+    return m.n_layers * block_matmul_params(m) + moe + head_params(m)

@@ -1,0 +1,63 @@
+"""How many local ranks this machine holds: a pure verdict from its cores and memory, and where to read them.
+
+A rank is a whole Python process with torch, the engine and the telemetry
+extension loaded: `benches/rank_memory.py` measures it (about 0.3 GB idle and
+0.4 GB with the tiny model applied, RSS, on the 2-core CPU machine). More
+ranks than cores still run, slower (they take turns; a collective waits for
+the last). More than the memory holds fail at `apply` or thrash, so that is
+refused unless the user says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from workbench.config import ConfigError
+
+RANK_MEMORY_BYTES = 400 * 2**20
+"""A rank's resident memory with the tiny model applied (benches/rank_memory.py); larger models add their share."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the local ranks share."""
+
+    cores: int
+    total_bytes: int
+    available_bytes: int
+
+    @classmethod
+    def this(cls) -> Machine:
+        """This machine: the cores this process may run on, and memory from /proc/meminfo (Linux)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        info = {}
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    key, value = line.split(":", 1)
+                    info[key] = int(value.split()[0]) * 1024
+        except OSError:  # not Linux: no memory figure, so no memory verdict
+            pass
+        total = info.get("MemTotal", 0)
+        return cls(cores=cores, total_bytes=total, available_bytes=info.get("MemAvailable", total))
+
+
+def world_size_warning(world_size: int, machine: Machine, *, oversubscribe: bool = False) -> str | None:
+    """Refuse (ConfigError) `world_size` local ranks when their estimated memory exceeds the machine's, unless
+    `oversubscribe`; otherwise a warning when they exceed its cores or its available memory, or None."""
+    need = world_size * RANK_MEMORY_BYTES
+    estimate = f"{world_size} ranks need about {need / 2**30:.1f} GB (≈{RANK_MEMORY_BYTES / 2**30:.1f} GB each " \
+               "with torch loaded and the tiny model applied; larger models more)"
+    if machine.total_bytes and need > machine.total_bytes and not oversubscribe:
+        raise ConfigError(f"world_size: {estimate}, and this machine has {machine.total_bytes / 2**30:.1f} GB. "
+                          f"Fix: use world_size ≤ {max(1, machine.total_bytes // RANK_MEMORY_BYTES)}, or pass "
+                          "oversubscribe=True to start them anyway.")
+    problems = []
+    if world_size > machine.cores:
+        problems.append(f"{world_size} ranks share {machine.cores} cores: they take turns, so steps run slower "
+                        "than one rank per core would")
+    if machine.available_bytes and need > machine.available_bytes:
+        problems.append(f"{estimate}, and {machine.available_bytes / 2**30:.1f} GB are available: the machine may "
+                        "swap")
+    return "; ".join(problems) + "." if problems else None
