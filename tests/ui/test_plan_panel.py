@@ -48,7 +48,7 @@ def test_the_dashboard_holds_the_panel_and_sends_the_layout_through_its_controls
 
 def test_dropdown_rows_read_apart():
     """Rows sharing a layout string (it omits gradient-accumulation micro-batches) still differ in the dropdown."""
-    panel = PlanPanel(fake_workbench(world_size=2), model="8b", gpus=64, global_batch=256, seq_len=4096, top=8)
+    panel = PlanPanel(fake_workbench(world_size=2), model="125m", gpus=8, global_batch=64, seq_len=2048, top=8)
     panel.run_plan()
     layouts = [row["layout"] for row in panel.plan.rows(8)]
     assert len(set(layouts)) < len(layouts)  # the case this is about

@@ -88,7 +88,7 @@ def test_timeline_of_the_latest_step_with_overlap_in_the_title_and_a_legend():
 
 
 def test_interleaved_actions_name_their_stage():
-    from workbench.engine.parallel.schedule_grid import Action
+    from workbench.schedules import Action
 
     store = TelemetryStore()
     store.add_layout_change(0, wb.Config(pp=2, micro_batches=2, schedule="interleaved_1f1b", stages_per_rank=2))

@@ -124,7 +124,7 @@ recompute, so their own columns would only widen the table past the notebook's w
 def choice_label(row: dict[str, str]) -> str:
     """A dropdown entry that tells a layout from the next: two rows may share a layout string (it omits the
     gradient-accumulation micro-batches), never all of what is shown here."""
-    micro = f" · micro {row['micro']}" if "×" not in row["layout"] and row["micro"] != "1" else ""
+    micro = f" · micro {row['micro']}" if row["pp"] == "1" and row["micro"] != "1" else ""
     return f"#{row['#']} {row['layout']}{micro} · {row['step']} · {row['memory/rank']}"
 
 
