@@ -28,6 +28,7 @@ LAYOUTS = {
     "dp·tp·pp interleaved": wb.Config(model=BIG, dp=2, tp=2, pp=2, zero=2, schedule="interleaved_1f1b",
                                       micro_batches=4, batch_size=16, seq_len=4096),
     "ddp·cp": wb.Config(dp=2, cp=2, batch_size=8, seq_len=256),
+    "fsdp compiled": wb.Config(model=BIG, dp=8, zero=3, precision="bf16", compile=True, batch_size=16, seq_len=8192),
 }
 
 
@@ -38,7 +39,7 @@ def parse(args: list[str]):
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_torchtitan_reads_the_exported_layout(name):
     cfg = LAYOUTS[name]
-    launch = ex.Launch.for_config(cfg, steps=300, save_every=50)
+    launch = ex.Launch.for_config(cfg, steps=300, save_every=50, async_save=cfg.compile)
     args, _ = ex.torchtitan_arguments(cfg, launch)
     job = parse(args)
     par, train = job.parallelism, job.training
@@ -55,6 +56,10 @@ def test_torchtitan_reads_the_exported_layout(name):
     assert (kwargs["lr"], kwargs["weight_decay"], tuple(kwargs["betas"])) == (cfg.lr, cfg.weight_decay, (0.9, 0.999))
     assert (job.lr_scheduler.warmup_steps, job.lr_scheduler.min_lr_factor) == (0, 1.0)  # a constant lr
     assert job.debug.seed == cfg.seed and job.checkpoint.enable and job.checkpoint.interval == 50
+    assert job.checkpoint.async_mode == ("async" if launch.async_save else "disabled")
+    assert (job.compile.enable, job.compile.backend) == (cfg.compile, "inductor")
+    if cfg.compile:
+        assert list(job.compile.components) == ["model"]  # per block, as the workbench compiles
     ac = job.activation_checkpoint  # the subcommand: None, or FullAC.Config / SelectiveAC.Config
     assert (ac.__class__.__qualname__ if ac is not None else "none") == \
         {"none": "none", "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[cfg.activation_checkpointing]
