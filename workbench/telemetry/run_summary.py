@@ -109,18 +109,19 @@ class RunRows(list):
         if not self:
             return "(no runs yet: bench.apply(wb.Config(...)) starts one)"
         columns = list(self[0])
-        cells = [[_cell(row.get(c)) for c in columns] for row in self]
+        cells = [[cell_text(row.get(c)) for c in columns] for row in self]
         widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
         return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
+    """A table cell: "—" for a figure not measured, floats to four significant digits."""
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.4g}"
     return str(value)
 
 

@@ -32,16 +32,9 @@ def _config_rows(cfg: Config) -> dict[str, str]:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(run_summary.cell_text(v))}</td>" for v in r.values())
+                   + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:,.4g}"
-    return str(value)
 
 
 def _runs_table(snap: Snapshot, beside: run_summary.Beside | None) -> str:
