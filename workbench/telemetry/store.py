@@ -9,6 +9,11 @@ history is its own steps after its ancestors' steps before each branch point: wh
 Restart and model changes add runs; nothing but `clear()` removes one, except that a run which trained no
 step is replaced by the next (applying twice in a row leaves one run, so no two markers share a step).
 
+Beside the steps it keeps the spans ranks report between or across them: checkpoint saves (`CheckpointSave`:
+the part that held training, and an asynchronous save's background write) and torch.compile compilations
+(`Compilation`, sent when one starts and again when it ends), the latest `max_spans` of each, so the timeline
+can draw them and the status line can say "compiling".
+
 Events arrive on the pool's I/O thread while plots read from a timer thread
 and cells read from the kernel's thread, so every access goes through one
 lock, and readers get an immutable `Snapshot` instead of live lists.
@@ -24,13 +29,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from workbench.config import Config
-from workbench.telemetry.events import StepMetrics
+from workbench.telemetry.events import CheckpointSave, Compilation, StepMetrics
 
 log = logging.getLogger("workbench.telemetry")
 
@@ -98,6 +104,10 @@ class Snapshot:
     """Every run, oldest first; the last is the current one."""
     compared: tuple[int, ...] = ()
     """Ids of runs a user picked to draw beside the current run's history (`compare`)."""
+    saves: tuple[CheckpointSave, ...] = ()
+    """The latest checkpoint saves every rank reported, in arrival order (each when it was durable or failed)."""
+    compilations: tuple[Compilation, ...] = ()
+    """The latest compilations on every rank, one record each: its end once reported, else its start."""
 
     @property
     def current(self) -> RunRecord | None:
@@ -174,6 +184,11 @@ class Snapshot:
         """The layout in force now (the current run's), if any was applied."""
         return self.current.config if self.current else None
 
+    @property
+    def compiling(self) -> tuple[Compilation, ...]:
+        """Compilations that started and have not reported their end (a rank compiling now)."""
+        return tuple(c for c in self.compilations if c.end_ns is None)
+
 
 class _OpenRun:
     """A run being written: the store's mutable form of a RunRecord."""
@@ -200,21 +215,42 @@ class TelemetryStore:
     long session's memory stays bounded (each step may carry many intervals).
     """
 
-    def __init__(self, max_steps: int = 20_000) -> None:
+    def __init__(self, max_steps: int = 20_000, max_spans: int = 512) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps: must be ≥ 1, got {max_steps}")
-        self.max_steps = max_steps
+        if max_spans < 1:
+            raise ValueError(f"max_spans: must be ≥ 1, got {max_spans}")
+        self.max_steps, self.max_spans = max_steps, max_spans
         self._lock = threading.Lock()
         self._runs: list[_OpenRun] = []
         self._models = 0
         self._version = 0
         self._subscribers: list[Callable[[Any], None]] = []
+        self._saves: deque[CheckpointSave] = deque(maxlen=max_spans)
+        self._compilations: OrderedDict[tuple[int, str, str], Compilation] = OrderedDict()
 
     # -- writers -----------------------------------------------------------------------------------
     def on_event(self, rank: int, event: Any) -> None:
-        """A `Pool.subscribe` callback: keeps StepMetrics, ignores other events. Runs on the pool's I/O thread."""
+        """A `Pool.subscribe` callback: keeps StepMetrics, checkpoint saves and compilations, ignores other
+        events. Runs on the pool's I/O thread."""
         if isinstance(event, StepMetrics):
             self.add(rank, event)
+        elif isinstance(event, (CheckpointSave, Compilation)):
+            self.add_span(event)
+
+    def add_span(self, event: CheckpointSave | Compilation) -> None:
+        """Keep a checkpoint save, or a compilation's start or end (its end replaces its start)."""
+        with self._lock:
+            if isinstance(event, CheckpointSave):
+                self._saves.append(event)
+            else:
+                key = (event.rank, event.compile_id, event.trigger)
+                self._compilations.pop(key, None)
+                self._compilations[key] = event
+                while len(self._compilations) > self.max_spans:
+                    self._compilations.popitem(last=False)
+            self._version += 1
+        self._notify(event)
 
     def start_run(self, config: Config, first_step: int, *, continues: bool, origin: str | None = None,
                   name: str | None = None) -> RunRecord:
@@ -295,9 +331,11 @@ class TelemetryStore:
         self._notify(None)
 
     def clear(self) -> None:
-        """Forget every run."""
+        """Forget every run and span."""
         with self._lock:
             self._runs.clear()
+            self._saves.clear()
+            self._compilations.clear()
             self._version += 1
         self._notify(None)
 
@@ -308,7 +346,8 @@ class TelemetryStore:
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            return Snapshot(self._version, tuple(run.freeze() for run in self._runs))
+            return Snapshot(self._version, tuple(run.freeze() for run in self._runs), saves=tuple(self._saves),
+                            compilations=tuple(self._compilations.values()))
 
     @property
     def runs(self) -> tuple[RunRecord, ...]:
@@ -323,13 +362,19 @@ class TelemetryStore:
     def layout_changes(self) -> list[LayoutChange]:
         return list(self.snapshot().layout_changes)
 
+    def compiling(self) -> tuple[Compilation, ...]:
+        """Compilations running now (started, no end yet), without copying the runs: the status line's timer asks."""
+        with self._lock:
+            return tuple(c for c in self._compilations.values() if c.end_ns is None)
+
     def __len__(self) -> int:
         """Steps stored for rank 0, for the current model."""
         return len(self.snapshot().steps(0))
 
     # -- subscribers -------------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
-        """Call callback(record) after each change (the new StepMetrics or RunRecord, None on clear).
+        """Call callback(record) after each change (the new StepMetrics, RunRecord, CheckpointSave or
+        Compilation; None on clear).
 
         It runs on the writer's thread (usually the pool's I/O thread): keep it short, e.g. set an Event.
         Returns a function that unsubscribes.

@@ -7,7 +7,7 @@ disabled, so nothing invalid is ever sent to the ranks. Button callbacks hand th
 thread and return at once (`workbench.ui.actions`): the kernel stays free while the ranks apply a layout or
 train, and the plots keep drawing. What would discard trained weights (Restart, Load, a new model) asks first.
 The status line says what runs now: the phase (spawning, building, resharding, loading, saving) or the
-training's "step k/N · ETA".
+training's "step k/N · ETA", with "compiling on ranks 0, 1 …" while a torch.compile compilation runs.
 """
 
 from __future__ import annotations
@@ -205,10 +205,10 @@ class Controls:
         if cfg is None or self.actions.activity is not None:
             return None
         bench = self.bench
-        if not confirmed and bench.history and not keeps_weights(bench.config, cfg, fresh=False):
-            self.confirm.ask(f"{cfg.layout} is a new model: the weights trained so far ({len(bench.history)} steps) "
-                             "are discarded on the ranks (their runs stay in the plots). Save first to keep them.",
-                             "Apply: new model", lambda: self.apply(confirmed=True))
+        if not keeps_weights(bench.config, cfg, fresh=False) and self._asked(
+                confirmed, f"{cfg.layout} is a new model: the weights trained so far ({{steps}} steps) are discarded on "
+                "the ranks (their runs stay in the plots). Save first to keep them.", "Apply: new model",
+                lambda: self.apply(confirmed=True)):
             return None
         token = self.actions.begin(f"applying {cfg.layout} …")
         if token is None:
@@ -249,10 +249,9 @@ class Controls:
 
     def restart(self, confirmed: bool = False) -> threading.Thread | None:
         """Restart the ranks (asks first when trained weights would be lost)."""
-        if not confirmed and self.bench.history:
-            self.confirm.ask(f"Restart ends every rank: the weights trained so far ({len(self.bench.history)} steps) "
-                             "are lost (their runs stay in the plots). Save first to keep them.",
-                             "Restart the ranks", lambda: self.restart(confirmed=True))
+        if self._asked(confirmed, "Restart ends every rank: the weights trained so far ({steps} steps) are lost "
+                       "(their runs stay in the plots). Save first to keep them.", "Restart the ranks",
+                       lambda: self.restart(confirmed=True)):
             return None
         # Allowed whatever is running (a hung run is what it is for); the interrupted action's own
         # failure then arrives with a stale token and is not shown over the restart's outcome.
@@ -264,15 +263,22 @@ class Controls:
 
         return self.actions.spawn(token, restart)
 
+    def _asked(self, confirmed: bool, question: str, yes: str, again) -> bool:
+        """Ask `question` ("{steps}" filled in) before an action that discards trained weights, unless it is
+        `confirmed` or nothing was trained; True when it asked (`again` runs the action on "yes")."""
+        if confirmed or not self.bench.history:
+            return False
+        self.confirm.ask(question.format(steps=len(self.bench.history)), yes, again)
+        return True
+
     def save(self) -> threading.Thread | None:
         return self._file_action("save", lambda path: f"saved {self.bench.save(path)}")
 
     def load(self, confirmed: bool = False) -> threading.Thread | None:
         """Load the latest checkpoint under the path (asks first when it replaces trained weights)."""
-        if not confirmed and self.bench.history:
-            self.confirm.ask(f"Load replaces the weights on the ranks ({len(self.bench.history)} steps trained) by "
-                             "the checkpoint's (this history stays in the plots as its own run).",
-                             "Load the checkpoint", lambda: self.load(confirmed=True))
+        if self._asked(confirmed, "Load replaces the weights on the ranks ({steps} steps trained) by the "
+                       "checkpoint's (this history stays in the plots as its own run).", "Load the checkpoint",
+                       lambda: self.load(confirmed=True)):
             return None
 
         def load(path: str) -> str:
@@ -354,7 +360,10 @@ class Controls:
         if self.bench.phase is not None:
             return f"{self.bench.phase} …"
         if run is not None:
-            return f"training · {run.progress()}"
+            compiling = self.bench.store.compiling()
+            ranks = sorted({c.rank for c in compiling})
+            now = f"compiling on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} … · " if ranks else ""
+            return f"{now}training · {run.progress()}"
         outcome = self.actions.outcome
         return self.actions.activity or (outcome[1] if outcome and outcome[0] else None) or "idle"
 

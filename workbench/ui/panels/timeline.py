@@ -1,5 +1,5 @@
-"""The latest step's compute, waits and collectives per rank (with a legend of what each colour is), and the
-overlap ratio over steps."""
+"""The latest step's compute, waits and collectives per rank (with a legend of what each colour is), the checkpoint
+saves and compilations that overlap it on a row of their own, and the overlap ratio over steps."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from workbench.schedules import Action, config_stages
 from workbench.telemetry.events import Interval, StepMetrics
+from workbench.telemetry.spans import COMPILING, SAVE_BACKGROUND, SAVE_HELD, Span, spans_within
 from workbench.telemetry.store import Snapshot
 from workbench.ui.panels.pipeline import action_label
 from workbench.ui.panels.style import (
@@ -18,7 +19,8 @@ from workbench.ui.panels.style import (
     rank_color,
 )
 
-TIMELINE_KINDS = ("compute", "wait", "comm")
+SPAN_ROW = "save/compile"
+TIMELINE_KINDS = ("compute", "wait", "comm", SPAN_ROW)
 WAIT_COLOR = "#BAB0AC"
 GROUPS: tuple[tuple[str, str, str], ...] = (
     ("forward", "compute", COMPUTE_COLORS["forward"]),
@@ -33,6 +35,9 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("broadcast", "comm", COMM_COLORS["broadcast"]),
     ("send/recv", "comm", COMM_COLORS["send"]),
     ("other comm", "comm", "#79706E"),
+    (COMPILING, SPAN_ROW, "#8CD17D"),
+    (SAVE_HELD, SPAN_ROW, "#499894"),
+    (SAVE_BACKGROUND, SPAN_ROW, "#A0CBE8"),
 )
 """One bar trace per colour, so the legend says what each colour is: (legend name, row kind, colour)."""
 
@@ -80,6 +85,16 @@ def _bars(trace, items: list[tuple[int, Interval, str]], origin: int) -> None:
     trace.showlegend = bool(items)  # the legend lists what this step has, nothing else
 
 
+def _span_bars(trace, items: list[Span], origin: int) -> None:
+    trace.y = [f"rank {s.rank} {SPAN_ROW}" for s in items]
+    trace.base = [(s.start_ns - origin) / 1e6 for s in items]
+    trace.x = [(s.end_ns - s.start_ns) / 1e6 for s in items]
+    trace.text = [s.kind.split(": ")[-1] for s in items]
+    trace.customdata = [[s.kind, s.detail] for s in items]
+    trace.hovertemplate = "%{customdata[0]}<br>%{base:.3f} ms + %{x:.3f} ms<br>%{customdata[1]}<extra>%{y}</extra>"
+    trace.showlegend = bool(items)
+
+
 def draw_timeline(fig: go.Figure, snap: Snapshot) -> None:
     latest = snap.common_latest()
     origin = min((iv.start_ns for m in latest.values() for iv in m.intervals), default=0)
@@ -93,10 +108,17 @@ def draw_timeline(fig: go.Figure, snap: Snapshot) -> None:
             label = action_label(action, v) if action is not None else iv.name
             grouped[_group(iv, action)].append((r, iv, label))
             present.add(iv.kind)
-    for (name, _kind, _color), trace in zip(GROUPS, fig.data):
-        _bars(trace, grouped[name], origin)
-    fig.layout.yaxis.categoryarray = [f"rank {r} {kind}" for r in sorted(latest) for kind in TIMELINE_KINDS
-                                      if kind in present]
+    end = max((iv.end_ns for m in latest.values() for iv in m.intervals), default=0)
+    spans = spans_within(snap.saves, snap.compilations, origin, end) if present else []
+    for (name, kind, _color), trace in zip(GROUPS, fig.data):
+        if kind == SPAN_ROW:
+            _span_bars(trace, [s for s in spans if s.kind == name], origin)
+        else:
+            _bars(trace, grouped[name], origin)
+    with_spans = {s.rank for s in spans}
+    fig.layout.yaxis.categoryarray = [f"rank {r} {kind}" for r in sorted(set(latest) | with_spans)
+                                      for kind in TIMELINE_KINDS
+                                      if kind in present or (kind == SPAN_ROW and r in with_spans)]
     axes_visible(fig, bool(present))
     if not present:
         fig.layout.title.text = "Timeline of the latest step"
