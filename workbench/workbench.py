@@ -9,11 +9,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
+import sys
 import tempfile
+import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from workbench.emulation.cluster import agreed_dilation, emulation_for
 from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.store import LayoutChange, TelemetryStore
+from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
 
 
 class RankSession:
@@ -90,8 +94,18 @@ class RankSession:
 class Run:
     """Training running in the background on the ranks; the notebook stays free."""
 
-    def __init__(self, bench: "Workbench", handle: Handle, run_id: str, steps: int) -> None:
+    def __init__(self, bench: "Workbench", handle: Handle, run_id: str, steps: int, first_step: int = 0) -> None:
         self._bench, self._handle, self.id, self.steps = bench, handle, run_id, steps
+        self.first_step = first_step
+        """The step it started at."""
+        self._started = time.monotonic()
+
+    def progress(self):
+        """How far it is: `Progress(done, total, eta_s)`, from the steps the ranks have reported so far."""
+        from workbench.telemetry.run_summary import progress
+
+        done = sum(1 for m in self._bench.history if m.step >= self.first_step)
+        return progress(done, self.steps, time.monotonic() - self._started, finished=self.done)
 
     @property
     def done(self) -> bool:
@@ -126,14 +140,25 @@ class Workbench:
     cluster: the cluster this Workbench stands for (`wb.Cluster(...)` or a preset name such as "h100-ib"):
     every collective then takes what it would there, time-dilated (workbench/emulation). None: this machine's
     own links.
+    exclusive: one live Workbench per kernel: starting this one closes the previous exclusive one (its ranks
+    end, its dashboards stop), so re-running `bench = wb.Workbench(2)` never leaves a second pool on the same
+    cores. None (the default) means True inside a Jupyter kernel, False in scripts (which may hold two on
+    purpose, e.g. to compare); a Workbench over a given `pool` is never exclusive.
     """
 
     def __init__(self, world_size: int = 2, *, corpus: str | Path | None = None, telemetry: bool = True,
                  pool: Pool | None = None, session: RankSession | None = None, oversubscribe: bool = False,
-                 cluster: Cluster | str | None = None, **pool_kwargs: Any) -> None:
+                 cluster: Cluster | str | None = None, exclusive: bool | None = None, **pool_kwargs: Any) -> None:
         check_corpus(corpus)  # before any rank is spawned
         self.corpus, self.telemetry = corpus, telemetry
+        self.closed = False
+        self.phase: str | None = None
+        """What the Workbench is doing now, for the status line: "spawning", "building", "resharding",
+        "loading", "saving", or None."""
         self._owns_pool = pool is None
+        exclusive = pool is None and (_in_kernel() if exclusive is None else exclusive)
+        if exclusive:
+            _close_previous()  # before spawning: the old ranks must not share the cores with the new ones
         self.cluster = emulation_for(cluster, pool.world_size if pool is not None else world_size, telemetry)
         """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
         if pool is None:
@@ -161,6 +186,8 @@ class Workbench:
         self._unsubscribe = self.pool.subscribe(self.store.on_event)
         # Asked now, while the ranks are idle: later a run may hold them, and checking a config must not wait on it.
         self._capabilities = self.session.capabilities()
+        if exclusive:
+            _Live.bench = weakref.ref(self)
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -177,31 +204,66 @@ class Workbench:
         """What the ranks' device supports (asked when the ranks start)."""
         return self._capabilities
 
-    def apply(self, cfg: Config, *, fresh: bool = False) -> dict[str, Any]:
+    def apply(self, cfg: Config, *, fresh: bool = False, run: str | None = None) -> dict[str, Any]:
         """Build the model in `cfg`'s layout, or reshard the trained one into it; training state carries over.
 
         A new model (from cfg.seed, at step 0) starts when `fresh` is set or the model's shape or seed
         changed. An invalid config is refused before any rank is touched; the current model stays as it was.
+        Each apply starts a run (`bench.runs`), named `run` if given; earlier runs are kept.
         """
+        return self._apply(cfg, fresh=fresh, run=run)
+
+    def _apply(self, cfg: Config, *, fresh: bool, run: str | None = None, origin: str | None = None) -> dict[str, Any]:
         self.check(cfg)
         check_corpus(self.corpus)  # the folder may have changed since the Workbench was made
         self._require_idle("apply a new layout")
-        info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
-        if not info["resharded"]:
-            self.store.clear()  # a new model: its run starts at step 0
-        history = self.history
-        self.store.add_layout_change(history[-1].step + 1 if history else 0, cfg)
+        phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
+        with self._doing(phase):
+            info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
+        resharded = bool(info["resharded"])
+        self.store.start_run(cfg, self._next_step() if resharded else 0, continues=resharded, origin=origin, name=run)
         self.config = cfg
         return info
 
+    @contextlib.contextmanager
+    def _doing(self, phase: str) -> Iterator[None]:
+        """Say `phase` in the status line while the block runs."""
+        self.phase = phase
+        try:
+            yield
+        finally:
+            self.phase = None
+
+    def _next_step(self) -> int:
+        """The step the model on the ranks trains next, as the store saw it."""
+        current = self.store.snapshot().current
+        if current is None:
+            return 0
+        steps = current.steps(0)
+        return steps[-1].step + 1 if steps else current.first_step
+
+    @property
+    def runs(self) -> Any:
+        """Every run of this Workbench (one per apply, kept across restarts and new models) with its figures:
+        a pandas DataFrame indexed by run id when pandas is installed, else a list of row dicts."""
+        from workbench.telemetry import run_summary
+
+        return run_summary.table(run_summary.summaries(self.store.runs))
+
+    @property
+    def run_records(self) -> tuple[RunRecord, ...]:
+        """The runs themselves: each one's Config, origin and every rank's StepMetrics."""
+        return self.store.runs
+
     @property
     def history(self) -> list[StepMetrics]:
-        """Rank 0's metrics of every step so far, across applies (the loss is the global batch's); a copy."""
+        """Rank 0's metrics of every step that led to the model on the ranks, across applies and reshards (the
+        loss is the global batch's); a copy. A new model starts it afresh; the runs keep the earlier ones."""
         return self.store.steps(0)
 
     @property
     def layout_changes(self) -> list[LayoutChange]:
-        """Where each layout took effect in the run."""
+        """Where each layout took effect in the history of the model on the ranks."""
         return self.store.layout_changes
 
     # -- train -----------------------------------------------------------------------------------
@@ -235,7 +297,7 @@ class Workbench:
             handle: Any = RecoveringRun(self, steps, run_id, saves, snapshot_every, max_failures)
         else:
             handle = self.session.train(steps, run_id, saves)
-        self._run = Run(self, handle, run_id, steps)
+        self._run = Run(self, handle, run_id, steps, self._next_step())
         return self._run
 
     @property
@@ -259,15 +321,18 @@ class Workbench:
         self._require_idle("save")
         directory = checkpoints.writable_directory(path)
         # The nonce names the save's temporary directory, the same on every rank.
-        return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
+        with self._doing("saving"):
+            return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
 
-    def load(self, path: str | Path) -> dict[str, Any]:
+    def load(self, path: str | Path, *, run: str | None = None) -> dict[str, Any]:
         """Load the newest checkpoint under `path` (or the one `path` names) into the current layout, whatever
         layout saved it.
 
         Without a model yet, the saved Config is applied first. Anything wrong with
         the checkpoint is found before the current model is touched; a damaged newest
-        checkpoint is refused, naming the newest intact one (pass its path to load it).
+        checkpoint is refused, naming the newest intact one (pass its path to load it). The steps from the
+        checkpoint on are a new run (named `run` if given), so training again from one checkpoint keeps both
+        branches.
         """
         self._require_idle("load a checkpoint")
         checkpoint_dir = checkpoints.resolve(path)
@@ -279,12 +344,13 @@ class Workbench:
                     f"{checkpoint_dir} was saved by {manifest['layout']} ({saved.world_size} ranks); this Workbench "
                     f"has {self.pool.world_size}: call bench.apply(cfg) with a layout for these ranks first, then load")
             self.apply(saved)
-            # The layout took effect where the checkpoint resumes, not at step 0.
-            self.store.clear()
-            self.store.add_layout_change(manifest["next_step"], saved)
-        info = self.session.load(str(checkpoint_dir), checkpoints.resume_state(manifest))
-        self.store.truncate(manifest["next_step"])  # the steps after the checkpoint will run again
-        return {"path": checkpoint_dir, "step": manifest["next_step"], "saved_layout": manifest["layout"], **info}
+        with self._doing("loading"):
+            info = self.session.load(str(checkpoint_dir), checkpoints.resume_state(manifest))
+        resumed = manifest["next_step"]
+        # A checkpoint of this history (its step trained here) branches off it; any other starts a history.
+        ours = any(m.step == resumed - 1 for m in self.history)
+        self.store.start_run(self.config, resumed, continues=ours, origin=f"loaded {checkpoint_dir}", name=run)
+        return {"path": checkpoint_dir, "step": resumed, "saved_layout": manifest["layout"], **info}
 
     # -- the large run ---------------------------------------------------------------------------
     def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
@@ -336,7 +402,8 @@ class Workbench:
         return dashboard(self, refresh_s)
 
     def report(self, path: str | Path = "run.html") -> Path:
-        """Write this session's plots and configs as one self-contained HTML file."""
+        """Write every run of this session (a summary line each, its Config, the plots overlaying them) as one
+        self-contained HTML file."""
         from workbench.ui.report import report
 
         return report(self, path)
@@ -347,16 +414,23 @@ class Workbench:
         Load a checkpoint afterwards to continue where training was. The pool's warm standby (ranks started
         ahead) makes this about a second; `train(recover=True)` does all of it by itself.
         """
-        self.pool.restart()
+        with self._doing("spawning"):
+            self.pool.restart()
         self._capabilities = self.session.capabilities()
         if self.cluster is not None:
             self._emulate()  # fresh ranks run on their own links until told
         if self.config is not None:
-            self.apply(self.config, fresh=True)
+            self._apply(self.config, fresh=True, origin="ranks restarted")
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """End every rank (of a pool this Workbench started); the model on them is gone (save first to keep it)."""
+        """End every rank (of a pool this Workbench started); the model on them is gone (save first to keep it).
+
+        Its dashboards stop updating and say so; the runs stay readable (`bench.runs`, `bench.report()`).
+        """
+        if self.closed:
+            return
+        self.closed = True
         self._unsubscribe()
         if self._owns_pool:
             self.pool.close()
@@ -372,5 +446,38 @@ class Workbench:
 
     def __repr__(self) -> str:
         layout = self.config.layout if self.config else "no model"
+        state = ", closed" if self.closed else ""
         emulated = f", cluster={self.cluster.describe()}" if self.cluster is not None else ""
-        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated})"
+        return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated}{state})"
+
+
+def keeps_weights(current: Config | None, new: Config, fresh: bool) -> bool:
+    """Whether applying `new` on top of `current` reshards the trained model (else it builds a new one):
+    the rule the ranks' session applies (same shape and seed, routing settings aside, and not `fresh`)."""
+    return (current is not None and not fresh and current.model.same_weights(new.model)
+            and current.seed == new.seed)
+
+
+class _Live:
+    bench: "weakref.ref[Workbench] | None" = None
+    """The kernel's exclusive Workbench (see Workbench's `exclusive`)."""
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (an IPython shell with a kernel), without importing IPython otherwise."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def _close_previous() -> None:
+    previous = _Live.bench() if _Live.bench is not None else None
+    _Live.bench = None
+    if previous is None or previous.closed:
+        return
+    what = (f"{previous.pool.world_size} ranks, layout {previous.config.layout if previous.config else 'none'}, "
+            f"{len(previous.history)} steps trained")
+    previous.close()
+    warnings.warn(f"closed the previous Workbench ({what}) before starting this one: one live Workbench per "
+                  "kernel, so that two pools never share the cores and an old dashboard never drives old ranks "
+                  "(its runs stay readable). Workbench(..., exclusive=False) keeps both.", stacklevel=3)

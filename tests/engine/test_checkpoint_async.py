@@ -110,6 +110,7 @@ def test_periodic_background_saves_keep_the_last_k_and_each_resumes_exactly(pool
         pool.run(drop)
     assert sorted((e.step, r) for r, e in seen) == [(s, r) for s in (4, 8, 12) for r in (0, 1)]
     assert all(e.asynchronous and not e.error for _, e in seen)
+    assert bench.store.snapshot().saves == tuple(e for _, e in seen)  # what the dashboard's timeline draws
 
 
 def test_saving_the_same_step_twice_writes_no_chunk_again(pool, tmp_path):

@@ -40,7 +40,8 @@ def step_metrics(rank: int, step: int, *, layout: str = "dp2", telemetry: bool =
                              "activations": 0, "other": 100_000},
                      peak_memory={"parameters": 3_600_000, "gradients": 3_600_000, "optimizer": 7_200_000,
                                   "activations": 20_000_000 + rank, "other": 100_000},
-                     comm_time_s=0.003, exposed_comm_s=0.001, overlap=2 / 3, flops=1e9, mfu=0.05)
+                     comm_time_s=0.003, exposed_comm_s=0.001, overlap=2 / 3, flops=1e9, mfu=0.05,
+                     mfu_basis="a datasheet peak (fake)")
     return StepMetrics(step=step, loss=5.0 - 0.01 * step if loss is None else loss, tokens=2048, step_time_s=0.2,
                        tokens_per_s=10240.0, rank=rank, layout=layout, skipped=skipped, intervals=intervals, **extra)
 

@@ -109,7 +109,7 @@ def test_train_returns_at_once_and_stop_ends_the_run(bench):
     start = time.monotonic()
     c.train_button.click()
     assert time.monotonic() - start < 0.5
-    assert bench.running is not None and "training 500 steps" in c.status.value
+    assert bench.running is not None and "training · step " in c.status.value and "/500" in c.status.value
     c.refresh_status()
     assert c.train_button.disabled and c.apply_button.disabled and not c.stop_button.disabled
     time.sleep(0.1)
@@ -122,7 +122,7 @@ def test_train_returns_at_once_and_stop_ends_the_run(bench):
 def test_train_without_a_model_explains_why(bench):
     c = Controls(bench)
     c.train()
-    assert "apply" in c.message.value and c._activity is None
+    assert "apply" in c.message.value and c.actions.activity is None
 
 
 def test_restart_restarts_the_pool_and_rebuilds_the_layout(bench):
@@ -130,7 +130,7 @@ def test_restart_restarts_the_pool_and_rebuilds_the_layout(bench):
     c.apply()
     c.wait(5)
     applied = len(bench.session.applied)
-    c.restart_button.click()
+    c.restart_button.click()  # nothing trained yet: no question
     c.wait(5)
     assert bench.pool.restarts == 1 and "rebuilt untrained" in c.status.value
     assert len(bench.session.applied) == applied + 1 and bench.session.applied[-1] == bench.config
@@ -251,3 +251,77 @@ def test_zero_help_does_not_speak_of_an_all_reduce_without_data_parallel(bench):
     assert ZERO_HELP[0] in c.explain.value  # dp2
     c.dp.value, c.tp.value = 1, 2
     assert c.config is not None and ZERO_HELP[0] not in c.explain.value and "dp = 1" in c.explain.value
+
+
+# -- questions before discarding weights, progress, the file buttons ---------------------------------------
+def _trained(bench, steps: int = 3) -> Controls:
+    c = Controls(bench)
+    c.apply()
+    c.wait(5)
+    bench.train(steps).wait()
+    return c
+
+
+def test_restart_asks_first_when_weights_were_trained(bench):
+    c = _trained(bench)
+    c.restart_button.click()
+    assert c.confirm.asking and bench.pool.restarts == 0 and "weights trained so far (3 steps)" in c.confirm.question.value
+    c.confirm.cancel.click()
+    assert not c.confirm.asking and bench.pool.restarts == 0
+    c.restart_button.click()
+    c.confirm.yes.click()
+    c.wait(5)
+    assert bench.pool.restarts == 1 and "ranks restarted" in c.status.value
+
+
+def test_a_new_model_asks_first_and_a_reshard_does_not(bench):
+    c = _trained(bench)
+    c.zero.value = 1  # a reshard: the trained weights carry over
+    c.apply_button.click()
+    c.wait(5)
+    assert not c.confirm.asking and bench.config.zero == 1
+    c.model.value = "small"  # a new shape: a new model
+    c.apply_button.click()
+    assert c.confirm.asking and "new model" in c.confirm.question.value and bench.config.model.dim == 128
+    c.confirm.yes.click()
+    c.wait(5)
+    assert bench.config.model == PRESETS["small"] and "(a new model, from step 0)" in c.status.value
+
+
+def test_the_status_line_says_the_phase_and_the_progress(bench):
+    c = _trained(bench)
+    bench.phase = "resharding"
+    c.refresh_status()
+    assert "resharding …" in c.status.value
+    bench.phase = None
+    bench.session.step_s = 0.05
+    run = bench.train(40)
+    deadline = time.monotonic() + 10
+    while len(bench.history) < 3 + 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    c.refresh_status()
+    progress = run.progress()
+    assert 5 <= progress.done < 40 and progress.eta_s > 0
+    assert "training · step " in c.status.value and "/40 · ETA " in c.status.value
+    run.stop()
+
+
+def test_export_and_report_write_where_the_path_says(bench, tmp_path):
+    c = _trained(bench)
+    c.path.value = str(tmp_path / "launch")
+    c.export_button.click()
+    c.wait(5)
+    assert (tmp_path / "launch" / "config.json").exists() and "exported to" in c.status.value
+    c.path.value = str(tmp_path / "page.html")
+    c.report_button.click()
+    c.wait(120)
+    assert (tmp_path / "page.html").exists() and "wrote" in c.status.value
+
+
+def test_a_failed_file_action_is_said_inline(bench, tmp_path):
+    c = _trained(bench)
+    c.path.value = str(tmp_path / "nothing-here")
+    c.load_button.click()
+    c.confirm.yes.click()  # trained weights: it asks first
+    c.wait(5)
+    assert "✗" in c.message.value and "nothing-here" in c.message.value

@@ -27,7 +27,7 @@ def bench():
 def test_apply_and_train_fill_the_plots(bench):
     d = dashboard(bench)
     try:
-        assert isinstance(d, Dashboard) and d.children[1] is d.controls.widget and d.children[2] is d.plots.widget
+        assert isinstance(d, Dashboard) and d.children[1] is d.controls.widget and d.children[3] is d.plots.widget
         d.controls.apply_button.click()
         d.controls.wait(5)
         d.controls.steps.value = 20

@@ -43,10 +43,14 @@ def test_loss_per_step_with_a_marker_where_the_layout_changed():
     assert _notes(fig) == ["dp2", "tp2"]
 
 
-def test_throughput_and_mfu_come_from_the_records():
+def test_throughput_step_time_and_mfu_with_its_basis_come_from_the_records():
     fig = LivePlots(_fed(4), 2).figures["throughput"]
-    assert list(fig.data[0].y) == [10240.0] * 4
-    assert [list(t.y) for t in fig.data[1:]] == [[0.05] * 4, [0.05] * 4]
+    slots = len(fig.data) // 2
+    tokens, step_time = fig.data[0], fig.data[slots]
+    assert list(tokens.y) == [10240.0] * 4 and list(step_time.y) == [200.0] * 4  # ms
+    assert all(not t.y for t in fig.data[1:slots] + fig.data[slots + 1:])  # nothing picked to compare
+    # MFU per rank, labelled with what it is a fraction of (the probes say where the peak comes from).
+    assert "MFU rank 0 5.0%, rank 1 5.0% — of a datasheet" in fig.layout.title.text
 
 
 def test_memory_per_rank_stacked_by_category_with_the_peak():
@@ -60,16 +64,39 @@ def test_memory_per_rank_stacked_by_category_with_the_peak():
     assert [t.visible for t in fig.data] == [True, True, True, True, "legendonly"]  # "other": one click away
 
 
-def test_timeline_of_the_latest_step_with_overlap_in_the_title():
+def _traces(fig) -> dict:
+    return {t.name: t for t in fig.data}
+
+
+def test_timeline_of_the_latest_step_with_overlap_in_the_title_and_a_legend():
     fig = LivePlots(_fed(3), 2).figures["timeline"]
-    compute, wait, comm_ = fig.data
-    assert list(compute.text) == ["forward", "backward", "optimizer"] * 2
+    t = _traces(fig)
+    assert list(t["forward"].y) == ["rank 0 compute", "rank 1 compute"] and list(t["forward"].base) == [0.0, 0.0]
+    assert list(t["backward"].text) == ["backward"] * 2 and list(t["optimizer"].base) == [7.0, 7.0]
+    wait = t["waiting on a collective"]
     assert list(wait.y) == ["rank 0 wait", "rank 1 wait"] and list(wait.base) == [6.0, 6.0]
     rows = [f"rank {r} {kind}" for r in (0, 1) for kind in ("compute", "wait", "comm")]
     assert list(fig.layout.yaxis.categoryarray) == rows
+    comm_ = t["all_reduce"]
     assert list(comm_.text) == ["all_reduce"] * 2 and list(comm_.base) == [4.0, 4.0] and list(comm_.x) == [3.0, 3.0]
     assert list(comm_.y) == ["rank 0 comm", "rank 1 comm"]
+    # The legend names each colour this step has, and nothing it has not.
+    assert {name for name, trace in t.items() if trace.showlegend} == {
+        "forward", "backward", "optimizer", "waiting on a collective", "all_reduce"}
+    assert len({trace.marker.color for trace in fig.data}) == len(fig.data)
     assert fig.layout.title.text.startswith("Timeline of step 2<br><sup>rank 0: 67% of comm overlapped, 1.0 ms exposed")
+
+
+def test_interleaved_actions_name_their_stage():
+    from workbench.schedules import Action
+
+    store = TelemetryStore()
+    store.add_layout_change(0, wb.Config(pp=2, micro_batches=2, schedule="interleaved_1f1b", stages_per_rank=2))
+    store.add(0, step_metrics(0, 0, actions=[(Action(0, "F", 0), 10, 11), (Action(2, "F", 0), 11, 12)]))
+    figs = LivePlots(store, 2).figures
+    assert list(_traces(figs["timeline"])["forward"].text) == ["forward", "0F0", "2F0"]
+    ideal = figs["pipeline"].data[0]
+    assert "0F0" in ideal.text and "2F0" in ideal.text  # not two cells reading "F0"
 
 
 def test_overlap_over_steps_per_rank():
@@ -81,11 +108,11 @@ def test_overlap_over_steps_per_rank():
 def test_without_telemetry_the_plots_say_so_and_invent_nothing():
     figs = LivePlots(_fed(3, telemetry=False), 2).figures
     assert list(figs["loss"].data[0].x) == [0, 1, 2]
-    assert all(not t.y for t in figs["throughput"].data[1:])
-    assert "MFU: not reported yet" in _notes(figs["throughput"])[0]
+    assert "MFU: not reported yet" in figs["throughput"].layout.title.text
     assert all(not t.y for t in figs["memory"].data)
     assert _notes(figs["memory"]) == ["memory by category: not reported yet"]
     assert all(not t.x for t in figs["timeline"].data) and "not reported yet" in _notes(figs["timeline"])[0]
+    assert not any(t.showlegend for t in figs["timeline"].data)
     assert all(not t.y for t in figs["overlap"].data) and "not reported yet" in _notes(figs["overlap"])[0]
     assert "no pipeline" in _notes(figs["pipeline"])[0]
 
@@ -233,8 +260,9 @@ def test_sync_bytes_panel_draws_the_measured_bytes_with_layout_changes():
 
     store = TelemetryStore()
     store.add_layout_change(0, wb.Config(dp=2))
-    store.add_layout_change(3, wb.Config(dp=2, compression="int8"))
     for step in range(6):
+        if step == 3:
+            store.add_layout_change(3, wb.Config(dp=2, compression="int8"))
         for r in range(2):
             sent = 4000 if step < 3 else 1000 + r
             store.add(r, dataclasses.replace(step_metrics(r, step), grad_sync_bytes=sent))

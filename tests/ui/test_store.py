@@ -6,7 +6,7 @@ import threading
 
 import workbench as wb
 from tests.ui.fakes import step_metrics
-from workbench.telemetry.store import LayoutChange, TelemetryStore
+from workbench.telemetry.store import RunRecord, TelemetryStore
 
 
 def test_keeps_each_ranks_steps_in_step_order():
@@ -45,6 +45,7 @@ def test_layout_changes_and_the_current_config():
     store = TelemetryStore()
     assert store.snapshot().config is None
     store.add_layout_change(0, wb.Config(dp=2))
+    store.add(0, step_metrics(0, 6))
     store.add_layout_change(7, wb.Config(tp=2))
     assert [(c.step, c.layout) for c in store.layout_changes] == [(0, "dp2"), (7, "tp2")]
     assert store.snapshot().config == wb.Config(tp=2)
@@ -70,7 +71,7 @@ def test_subscribers_hear_every_change_until_they_unsubscribe():
     store.add_layout_change(1, wb.Config(dp=2))
     unsubscribe()
     store.add(0, step_metrics(0, 1))
-    assert heard[0] is m and isinstance(heard[1], LayoutChange) and len(heard) == 2
+    assert heard[0] is m and isinstance(heard[1], RunRecord) and len(heard) == 2
 
 
 def test_a_failing_subscriber_does_not_stop_the_others():

@@ -1,10 +1,13 @@
-"""Widgets that produce a `Config` and drive a Workbench: Apply, Train N steps, Stop, Restart.
+"""Widgets that produce a `Config` and drive a Workbench: Apply, Train N steps, Stop, Restart, Save, Load,
+Export, Report.
 
-Every change re-validates: a combination that `Config` or the pool refuses is
-explained inline with the ConfigError's own message, and Apply stays disabled,
-so nothing invalid is ever sent to the ranks. Button callbacks hand the work
-to a background thread and return at once: the kernel stays free while the
-ranks apply a layout or train, and the plots keep drawing.
+The inputs come from one table (`workbench.ui.fields.CONTROLS`). Every change re-validates: a combination
+that `Config` or the pool refuses is explained inline with the ConfigError's own message, and Apply stays
+disabled, so nothing invalid is ever sent to the ranks. Button callbacks hand the work to a background
+thread and return at once (`workbench.ui.actions`): the kernel stays free while the ranks apply a layout or
+train, and the plots keep drawing. What would discard trained weights (Restart, Load, a new model) asks first.
+The status line says what runs now: the phase (spawning, building, resharding, loading, saving) or the
+training's "step k/N · ETA", with "compiling on ranks 0, 1 …" while a torch.compile compilation runs.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import html
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from workbench.config import PRESETS, Config, ConfigError, ModelConfig
+from workbench.ui.actions import ActionRunner, Confirm
 from workbench.ui.fields import CONTROLS, Values, read
+from workbench.workbench import keeps_weights
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
@@ -63,23 +67,33 @@ class Controls:
                                           tooltip="stop the run at the next step boundary")
         self.restart_button = widgets.Button(description="Restart", button_style="danger", icon="refresh",
                                              tooltip="end every rank and start a fresh world (the model is lost)")
+        self.path = widgets.Text(description="path", placeholder="each button has its own default", style=_LABEL,
+                                 layout=widgets.Layout(width="250px"))
+        self.save_button = widgets.Button(description="Save", icon="download",
+                                          tooltip=f"save a checkpoint under path (default {DEFAULTS['save']}/)")
+        self.load_button = widgets.Button(description="Load", icon="upload",
+                                          tooltip=f"load the latest checkpoint under path (default {DEFAULTS['load']}/)")
+        self.export_button = widgets.Button(description="Export", icon="share",
+                                            tooltip=f"write the launch files of this layout to path "
+                                                    f"(default {DEFAULTS['export']}/)")
+        self.report_button = widgets.Button(description="Report", icon="file",
+                                            tooltip=f"write every run as one HTML page (default {DEFAULTS['report']})")
         for button in (self.apply_button, self.train_button, self.stop_button, self.restart_button):
-            button.layout.width = "110px"
+            button.layout.width = "100px"
+        for button in (self.save_button, self.load_button, self.export_button, self.report_button):
+            button.layout.width = "88px"
         self.message = widgets.HTML()
         self.explain = widgets.HTML()
         self.status = widgets.HTML()
+        self.confirm = Confirm()
+        """The question asked before discarding trained weights."""
 
         self.config: Config | None = None
         """The Config the inputs describe, or None while they describe an impossible one."""
         self.error: str | None = None
         """Why the inputs are refused (the ConfigError's message), or None."""
-        self._activity: str | None = None
-        """What a button started and is still running, e.g. "applying dp2 …"."""
-        self._outcome: tuple[bool, str] | None = None
-        """(succeeded, message) of the last finished action."""
-        self._token = 0  # identifies the latest action, so an older one's late end cannot overwrite it
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self.closed = False
+        self.actions = ActionRunner(self.validate)  # an action's end may change what is allowed
 
         for w in self.inputs:
             w.observe(self._on_input, names="value")
@@ -87,6 +101,10 @@ class Controls:
         self.train_button.on_click(lambda _: self.train())
         self.stop_button.on_click(lambda _: self.stop())
         self.restart_button.on_click(lambda _: self.restart())
+        self.save_button.on_click(lambda _: self.save())
+        self.load_button.on_click(lambda _: self.load())
+        self.export_button.on_click(lambda _: self.export())
+        self.report_button.on_click(lambda _: self.report())
         self.widget = self._layout()
         self.validate()
 
@@ -103,8 +121,12 @@ class Controls:
         self.lines = {name: row(ws) for name, ws in members.items()}
         """The lines of inputs by the name the table gives them."""
         buttons = (self.apply_button, self.steps, self.train_button, self.stop_button, self.restart_button)
-        return widgets.VBox([*self.lines.values(), row(buttons), self.message, self.explain, self.status],
-                            layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
+        files = (self.path, self.save_button, self.load_button, self.export_button, self.report_button)
+        box = widgets.VBox([*self.lines.values(), row(buttons + files), self.confirm.widget, self.message,
+                            self.explain, self.status],
+                           layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
+        box.add_class("workbench-controls")
+        return box
 
     # -- inputs → Config ------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
@@ -177,35 +199,44 @@ class Controls:
         return self.config
 
     # -- actions (each returns at once; the work runs on a thread) -----------------------------------------
-    def apply(self) -> threading.Thread | None:
+    def apply(self, confirmed: bool = False) -> threading.Thread | None:
+        """Apply the Config the inputs describe; asks first when it would replace trained weights by a new model."""
         cfg = self.config
-        token = self._begin(f"applying {cfg.layout} …") if cfg is not None else None
+        if cfg is None or self.actions.activity is not None:
+            return None
+        bench = self.bench
+        if not keeps_weights(bench.config, cfg, fresh=False) and self._asked(
+                confirmed, f"{cfg.layout} is a new model: the weights trained so far ({{steps}} steps) are discarded on "
+                "the ranks (their runs stay in the plots). Save first to keep them.", "Apply: new model",
+                lambda: self.apply(confirmed=True)):
+            return None
+        token = self.actions.begin(f"applying {cfg.layout} …")
         if token is None:
             return None
 
         def apply() -> str:
-            info = self.bench.apply(cfg)
+            info = bench.apply(cfg)
             return f"applied {cfg.layout}" + ("" if info.get("resharded", True) else " (a new model, from step 0)")
 
-        return self._spawn(token, apply)
+        return self.actions.spawn(token, apply)
 
     def train(self) -> threading.Thread | None:
         steps = self.steps.value
-        token = self._begin(f"starting {steps} steps …")
+        token = self.actions.begin(f"starting {steps} steps …")
         if token is None:
             return None
         try:
             run = self.bench.train(steps)  # returns at once; the run trains on the ranks
         except Exception as e:  # noqa: BLE001 - shown inline, e.g. "no model yet: call bench.apply"
-            self._end(token, failure=str(e))
+            self.actions.end(token, failure=str(e))
             return None
-        self._set_activity(token, f"training {steps} steps …")
+        self.actions.set_activity(token, f"training {steps} steps …")
 
         def wait() -> str:
             done = run.wait()  # a rank's failure is raised here and shown inline
             return f"trained {len(done)} of {steps} steps" + (" (stopped)" if len(done) < steps else "")
 
-        return self._spawn(token, wait)
+        return self.actions.spawn(token, wait)
 
     def stop(self) -> threading.Thread | None:
         run = self.bench.running
@@ -216,74 +247,88 @@ class Controls:
         thread.start()
         return thread
 
-    def restart(self) -> threading.Thread:
+    def restart(self, confirmed: bool = False) -> threading.Thread | None:
+        """Restart the ranks (asks first when trained weights would be lost)."""
+        if self._asked(confirmed, "Restart ends every rank: the weights trained so far ({steps} steps) are lost "
+                       "(their runs stay in the plots). Save first to keep them.", "Restart the ranks",
+                       lambda: self.restart(confirmed=True)):
+            return None
         # Allowed whatever is running (a hung run is what it is for); the interrupted action's own
         # failure then arrives with a stale token and is not shown over the restart's outcome.
-        token = self._begin("restarting the ranks …", force=True)
+        token = self.actions.begin("restarting the ranks …", force=True)
 
         def restart() -> str:
             self.bench.restart()
             return "ranks restarted: the model was rebuilt untrained in the current layout (load a checkpoint to resume)"
 
-        return self._spawn(token, restart)
+        return self.actions.spawn(token, restart)
+
+    def _asked(self, confirmed: bool, question: str, yes: str, again) -> bool:
+        """Ask `question` ("{steps}" filled in) before an action that discards trained weights, unless it is
+        `confirmed` or nothing was trained; True when it asked (`again` runs the action on "yes")."""
+        if confirmed or not self.bench.history:
+            return False
+        self.confirm.ask(question.format(steps=len(self.bench.history)), yes, again)
+        return True
+
+    def save(self) -> threading.Thread | None:
+        return self._file_action("save", lambda path: f"saved {self.bench.save(path)}")
+
+    def load(self, confirmed: bool = False) -> threading.Thread | None:
+        """Load the latest checkpoint under the path (asks first when it replaces trained weights)."""
+        if self._asked(confirmed, "Load replaces the weights on the ranks ({steps} steps trained) by the "
+                       "checkpoint's (this history stays in the plots as its own run).", "Load the checkpoint",
+                       lambda: self.load(confirmed=True)):
+            return None
+
+        def load(path: str) -> str:
+            info = self.bench.load(path)
+            return f"loaded {info['path']} (saved by {info['saved_layout']}): next step {info['step']}"
+
+        return self._file_action("load", load)
+
+    def export(self) -> threading.Thread | None:
+        return self._file_action("export", lambda path: f"exported to {self.bench.export(path).directory}")
+
+    def report(self) -> threading.Thread | None:
+        return self._file_action("report", lambda path: f"wrote {self.bench.report(path)}")
+
+    def _file_action(self, what: str, work) -> threading.Thread | None:
+        path = self.path.value.strip() or DEFAULTS[what]
+        token = self.actions.begin(f"{what} {path} …")
+        if token is None:
+            return None
+        return self.actions.spawn(token, lambda: work(path))
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the actions started so far are done (for tests and scripts)."""
-        for thread in list(self._threads):
-            thread.join(timeout)
+        self.actions.wait(timeout)
 
     # -- state shown -------------------------------------------------------------------------------------
-    def _begin(self, activity: str, force: bool = False) -> int | None:
-        with self._lock:
-            if self._activity is not None and not force:
-                return None
-            self._token += 1
-            self._activity, self._outcome = activity, None
-            token = self._token
-        self._show()
-        return token
-
-    def _set_activity(self, token: int, activity: str) -> None:
-        with self._lock:
-            if token == self._token:
-                self._activity = activity
-        self._show()
-
-    def _end(self, token: int, failure: str | None = None, done: str | None = None) -> None:
-        with self._lock:
-            if token != self._token:
-                return
-            self._activity = None
-            self._outcome = (False, failure) if failure is not None else (True, done)
-        self.validate()  # the pool's state may have changed what is allowed
-
-    def _spawn(self, token: int, work: Callable[[], str]) -> threading.Thread:
-        """Run `work` (which returns what to say when it is done) on a thread."""
-
-        def run() -> None:
-            try:
-                done = work()
-            except Exception as e:  # noqa: BLE001 - shown inline; the kernel stays free
-                self._end(token, failure=f"{type(e).__name__}: {e}")
-            else:
-                self._end(token, done=done)
-
-        thread = threading.Thread(target=run, daemon=True, name="workbench-ui-action")
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
-        return thread
-
     def refresh_status(self) -> None:
-        """Re-read the pool's health and the current layout (the dashboard calls this on its timer)."""
+        """Re-read the pool's health, the phase and the progress (the dashboard calls this on its timer)."""
         self._show()
+
+    def close(self, why: str) -> None:
+        """Disable every input and button for good, saying why (the Workbench was closed)."""
+        self.closed = True
+        for w in (*self.inputs, self.steps, self.path, self.apply_button, self.train_button, self.stop_button,
+                  self.restart_button, self.save_button, self.load_button, self.export_button, self.report_button):
+            w.disabled = True
+        self.message.value = _line(False, why)
+        self.status.value = ""
 
     def _show(self) -> None:
+        if self.closed:
+            return
         running = self.bench.running is not None  # also a run started from a cell
-        busy = self._activity is not None or running
+        busy = self.actions.activity is not None or running
         self.apply_button.disabled = busy or self.config is None
         self.train_button.disabled = busy
         self.stop_button.disabled = not running
-        outcome = self._outcome
+        for button in (self.save_button, self.load_button, self.export_button, self.report_button):
+            button.disabled = busy
+        outcome = self.actions.outcome
         if self.error is not None:
             self.message.value = _line(False, self.error)
         elif outcome is not None and not outcome[0]:
@@ -304,12 +349,27 @@ class Controls:
         health = (f'<span style="color:#b00020">broken: {html.escape(pool.broken_reason or "")}</span>'
                   if pool.broken else '<span style="color:#2e7d32">healthy</span>')
         layout = bench.config.layout if bench.config is not None else "no model yet"
-        steps = len(bench.history)
-        outcome = self._outcome
-        activity = self._activity or (outcome[1] if outcome and outcome[0] else None) or "idle"
         parts = [f"<b>{pool.world_size} ranks</b>", html.escape(pool.device), html.escape(pool.backend or "?"), health,
-                 f"layout <b>{html.escape(layout)}</b>", f"{steps} steps trained", html.escape(activity)]
-        return "<div style='font-size:12px'>" + " · ".join(parts) + "</div>"
+                 f"layout <b>{html.escape(layout)}</b>", f"{len(bench.history)} steps trained",
+                 f"<b>{html.escape(self._now())}</b>"]
+        return "<div class='workbench-status' style='font-size:12px'>" + " · ".join(parts) + "</div>"
+
+    def _now(self) -> str:
+        """What runs now: the Workbench's phase, else a training's progress, else the last action's outcome."""
+        run = self.bench.running
+        if self.bench.phase is not None:
+            return f"{self.bench.phase} …"
+        if run is not None:
+            compiling = self.bench.store.compiling()
+            ranks = sorted({c.rank for c in compiling})
+            now = f"compiling on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} … · " if ranks else ""
+            return f"{now}training · {run.progress()}"
+        outcome = self.actions.outcome
+        return self.actions.activity or (outcome[1] if outcome and outcome[0] else None) or "idle"
+
+
+DEFAULTS = {"save": "checkpoints", "load": "checkpoints", "export": "export", "report": "report.html"}
+"""Where Save, Load, Export and Report write or read when the path box is empty (relative to the kernel's folder)."""
 
 
 def _put(changes: dict[str, Any], path: tuple[str, ...], value: Any) -> None:

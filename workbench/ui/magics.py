@@ -78,7 +78,8 @@ class RankMagics(Magics):
             return ns[name]
         found: dict[int, list[str]] = {}
         for var, value in ns.items():
-            if isinstance(value, Workbench) and not var.startswith("_") and not value.pool.broken:
+            if (isinstance(value, Workbench) and not var.startswith("_") and not value.closed
+                    and not value.pool.broken):
                 found.setdefault(id(value), []).append(var)
         if not found:
             raise UsageError("%%ranks: no running wb.Workbench in this notebook; create one "

@@ -69,7 +69,7 @@ class PlanPanel:
             return None
         self.table.value = _table(self.plan, self.top)
         candidates = self.plan.top(self.top)
-        self.choice.options = [(f"#{i} {c.config.layout}", i - 1) for i, c in enumerate(candidates, 1)]
+        self.choice.options = [(choice_label(row), i) for i, row in enumerate(self.plan.rows(self.top))]
         self.choice.value = 0 if candidates else None
         self.apply_button.disabled = not candidates
         self._show_scaling()
@@ -116,17 +116,32 @@ class PlanPanel:
         return info
 
 
+COLUMNS = ("#", "layout", "micro", "step", "tokens/s/GPU", "MFU", "memory/rank")
+"""What the table shows of `Plan.rows`: the layout string already names the degrees, ZeRO stage, schedule and
+recompute, so their own columns would only widen the table past the notebook's width."""
+
+
+def choice_label(row: dict[str, str]) -> str:
+    """A dropdown entry that tells a layout from the next: two rows may share a layout string (it omits the
+    gradient-accumulation micro-batches), never all of what is shown here."""
+    micro = f" · micro {row['micro']}" if row["pp"] == "1" and row["micro"] != "1" else ""
+    return f"#{row['#']} {row['layout']}{micro} · {row['step']} · {row['memory/rank']}"
+
+
 def _table(p: Plan, top: int) -> str:
-    rows = p.rows(top)
+    rows = [{k: r[k] for k in COLUMNS} for r in p.rows(top)]
     summary = ", ".join(f"{k}: {v}" for k, v in p.refusal_summary().items())
     foot = (f"<div style='font-size:12px'>{len(p.ranked)} of {len(p.ranked) + len(p.refused)} layouts fit; refused "
             f"— {html.escape(summary) or 'none'}. Predicted by {html.escape(p.basis)}.</div>")
     if not rows:
         return "<b>no layout fits</b>" + foot
-    head = "".join(f"<th style='padding:2px 6px'>{html.escape(k)}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td style='padding:2px 6px'>{html.escape(v)}</td>" for v in r.values())
-                   + "</tr>" for r in rows)
-    return f"<table style='font-size:12px;border-collapse:collapse'><tr>{head}</tr>{body}</table>{foot}"
+    cell = "padding:2px 6px;text-align:left;vertical-align:top"
+    head = "".join(f"<th style='{cell}'>{html.escape(k)}</th>" for k in rows[0])
+    # The layout may break at its "·": the table keeps to the notebook's width instead of scrolling sideways.
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(v).replace('·', '·<wbr>')}</td>"
+                                    for v in r.values()) + "</tr>" for r in rows)
+    return (f"<table class='workbench-plan-table' style='font-size:12px;border-collapse:collapse;max-width:100%'>"
+            f"<tr>{head}</tr>{body}</table>{foot}")
 
 
 def _line(ok: bool, text: str) -> str:

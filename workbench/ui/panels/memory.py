@@ -1,11 +1,18 @@
-"""Memory per rank by category, now and at peak."""
+"""Memory per rank by category: now (end of step and peak), and the peak of each run picked for comparison."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
 from workbench.telemetry.store import Snapshot
-from workbench.ui.panels.style import MEMORY_CATEGORIES, MEMORY_COLORS, axes_visible, base_layout, note
+from workbench.ui.panels.style import (
+    MEMORY_CATEGORIES,
+    MEMORY_COLORS,
+    axes_visible,
+    base_layout,
+    compared_runs,
+    note,
+)
 
 
 def setup_memory(fig: go.Figure, world_size: int) -> None:
@@ -20,15 +27,25 @@ def setup_memory(fig: go.Figure, world_size: int) -> None:
 def draw_memory(fig: go.Figure, snap: Snapshot) -> None:
     latest = snap.common_latest()
     ranks = [r for r in sorted(latest) if latest[r].memory or latest[r].peak_memory]
-    # Two bars per rank: the bytes held at the end of the step, and each category's peak during it.
-    x = [[f"rank {r}" for r in ranks for _ in (0, 1)], ["end of step", "peak"] * len(ranks)]
+    # Per rank: the bytes held at the end of the latest step and each category's peak during it; then, for each
+    # run picked to compare, the peak of its last step.
+    bars = [(f"rank {r}", label, d) for r in ranks
+            for label, d in (("end of step", latest[r].memory), ("peak", latest[r].peak_memory))]
+    compared = [(run, snap.common_latest(run)) for run in compared_runs(snap)]
+    for run, last in compared:
+        bars += [(f"rank {r}", f"run {run.id} peak", last[r].peak_memory) for r in sorted(last)
+                 if last[r].peak_memory]
+    x = [[rank for rank, _, _ in bars], [label for _, label, _ in bars]]
     for cat, trace in zip(MEMORY_CATEGORIES, fig.data):
         trace.x = x
-        trace.y = [d.get(cat) for r in ranks for d in (latest[r].memory, latest[r].peak_memory)]
+        trace.y = [d.get(cat) for _, _, d in bars]
         trace.hovertemplate = f"{cat}: %{{y:.3s}}B<extra>%{{x}}</extra>"
     step = next(iter(latest.values())).step if latest else None
-    fig.layout.title.text = (f"Memory per rank by category, step {step}<br><sup>'other' (the runtime) starts hidden: "
-                             "click it in the legend</sup>" if ranks else "Memory per rank by category")
-    missing = None if ranks else ("no steps yet" if not latest else "memory by category: not reported yet")
+    title = f"Memory per rank by category, step {step}" if ranks else "Memory per rank by category"
+    sub = "'other' (the runtime) starts hidden: click it in the legend"
+    if compared:
+        sub = "beside: " + ", ".join(f"run {run.id} = {run.name}" for run, _ in compared) + " · " + sub
+    fig.layout.title.text = f"{title}<br><sup>{sub}</sup>" if bars else title
+    missing = None if bars else ("no steps yet" if not latest else "memory by category: not reported yet")
     fig.layout.annotations = note(missing)
-    axes_visible(fig, bool(ranks))
+    axes_visible(fig, bool(bars))

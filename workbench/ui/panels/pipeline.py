@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.schedules import KINDS, Action, config_grid, placement
+from workbench.schedules import KINDS, Action, config_grid, config_stages, placement
 from workbench.telemetry.pipeline import PipelineBubble, pipeline_bubble, pipeline_intervals
 from workbench.telemetry.store import Snapshot
 from workbench.ui.panels.style import COMPUTE_COLORS, axes_visible, base_layout, note
@@ -28,13 +28,19 @@ def setup_pipeline(fig: go.Figure, world_size: int) -> None:
                       yaxis2=dict(domain=[0, 0.4], autorange="reversed", type="category", title="measured"))
 
 
-def _grid_bars(traces, cells: list[tuple[int, Action, float, float]]) -> None:
+def action_label(action: Action, stages_per_rank: int) -> str:
+    """"F0" for micro-batch 0's forward; with several stages per rank "1F0", the stage (chunk) first, as torch
+    prints its actions, so that an interleaved (or V-placed) rank's two F0s read apart."""
+    return str(action) if stages_per_rank > 1 else f"{action.kind}{action.microbatch}"
+
+
+def _grid_bars(traces, cells: list[tuple[int, Action, float, float]], stages_per_rank: int = 1) -> None:
     for trace, kind in zip(traces, KINDS):
         mine = [c for c in cells if c[1].kind == kind]
         trace.y = [f"pp {r}" for r, *_ in mine]
         trace.base = [start for *_, start, _ in mine]
         trace.x = [width for *_, width in mine]
-        trace.text = [f"{a.kind}{a.microbatch}" for _, a, *_ in mine]
+        trace.text = [action_label(a, stages_per_rank) for _, a, *_ in mine]
         trace.customdata = [str(a) for _, a, *_ in mine]
         trace.hovertemplate = f"%{{customdata}} (stage·{KIND_NAMES[kind]}·micro-batch)<extra>%{{y}}</extra>"
 
@@ -59,12 +65,13 @@ def draw_pipeline(fig: go.Figure, snap: Snapshot) -> None:
         fig.layout.annotations = note("this layout has no pipeline (pp = 1): choose pp ≥ 2")
         return
     grid = config_grid(cfg)
+    v = config_stages(cfg)
     _grid_bars(fig.data[:n], [(r, a, t, 1.0) for r in range(grid.pp) for t in range(grid.steps)
-                              if (a := grid.at(r, t)) is not None])
+                              if (a := grid.at(r, t)) is not None], v)
     measured = pipeline_intervals(snap.common_latest(), cfg.pp, placement(cfg.schedule))
     origin = min((iv.start_ns for iv in measured), default=0)
     _grid_bars(fig.data[n:], [(iv.rank, Action(iv.stage, iv.kind, iv.microbatch), (iv.start_ns - origin) / 1e6,
-                               (iv.end_ns - iv.start_ns) / 1e6) for iv in measured])
+                               (iv.end_ns - iv.start_ns) / 1e6) for iv in measured], v)
     fig.layout.title.text = (f"Pipeline schedule: {cfg.schedule}, pp={cfg.pp}, m={cfg.micro_batches}<br>"
                              f"<sup>{_subtitle(pipeline_bubble(cfg, measured))}</sup>")
     fig.layout.annotations = note(None if measured else "measured schedule: actions not reported yet", y=0.2)

@@ -1,26 +1,45 @@
-"""The latest step's compute, waits and collectives per rank, and the overlap ratio over steps."""
+"""The latest step's compute, waits and collectives per rank (with a legend of what each colour is), the checkpoint
+saves and compilations that overlap it on a row of their own, and the overlap ratio over steps."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.schedules import Action
+from workbench.schedules import Action, config_stages
 from workbench.telemetry.events import Interval, StepMetrics
+from workbench.telemetry.spans import COMPILING, SAVE_BACKGROUND, SAVE_HELD, Span, spans_within
 from workbench.telemetry.store import Snapshot
+from workbench.ui.panels.pipeline import action_label
 from workbench.ui.panels.style import (
     COMM_COLORS,
     COMPUTE_COLORS,
-    RANK_COLORS,
     axes_visible,
     base_layout,
-    name_color,
     note,
     rank_color,
 )
 
-
-TIMELINE_KINDS = ("compute", "wait", "comm")
+SPAN_ROW = "save/compile"
+TIMELINE_KINDS = ("compute", "wait", "comm", SPAN_ROW)
 WAIT_COLOR = "#BAB0AC"
+GROUPS: tuple[tuple[str, str, str], ...] = (
+    ("forward", "compute", COMPUTE_COLORS["forward"]),
+    ("backward", "compute", COMPUTE_COLORS["backward"]),
+    ("optimizer", "compute", COMPUTE_COLORS["optimizer"]),
+    ("other compute", "compute", "#D8B5A5"),
+    ("waiting on a collective", "wait", WAIT_COLOR),
+    ("all_reduce", "comm", COMM_COLORS["all_reduce"]),
+    ("all_gather", "comm", COMM_COLORS["all_gather"]),
+    ("reduce_scatter", "comm", COMM_COLORS["reduce_scatter"]),
+    ("all_to_all", "comm", COMM_COLORS["all_to_all"]),
+    ("broadcast", "comm", COMM_COLORS["broadcast"]),
+    ("send/recv", "comm", COMM_COLORS["send"]),
+    ("other comm", "comm", "#79706E"),
+    (COMPILING, SPAN_ROW, "#8CD17D"),
+    (SAVE_HELD, SPAN_ROW, "#499894"),
+    (SAVE_BACKGROUND, SPAN_ROW, "#A0CBE8"),
+)
+"""One bar trace per colour, so the legend says what each colour is: (legend name, row kind, colour)."""
 
 
 def _actions(metrics: StepMetrics) -> dict[tuple[int, int], Action]:
@@ -28,56 +47,80 @@ def _actions(metrics: StepMetrics) -> dict[tuple[int, int], Action]:
     return {(start, end): Action(stage, kind, mb) for stage, mb, kind, start, end in metrics.pipeline_actions}
 
 
+def _group(iv: Interval, action: Action | None) -> str:
+    if iv.kind == "wait":
+        return "waiting on a collective"
+    if action is not None:
+        return "forward" if action.kind == "F" else "backward"
+    base = iv.name.split(":")[-1]
+    if iv.kind == "compute":
+        return base if base in ("forward", "backward", "optimizer") else "other compute"
+    if base in ("send", "recv"):
+        return "send/recv"
+    return base if base in COMM_COLORS else "other comm"
+
+
 def setup_timeline(fig: go.Figure, world_size: int) -> None:
     base_layout(fig, "Timeline of the latest step")
-    for kind in TIMELINE_KINDS:
-        fig.add_bar(name=kind, orientation="h", showlegend=False, textposition="inside", insidetextanchor="middle",
-                    textangle=0, marker_line=dict(width=1, color="white"))
+    for name, _kind, color in GROUPS:
+        fig.add_bar(name=name, orientation="h", marker_color=color, textposition="inside",
+                    insidetextanchor="middle", textangle=0, marker_line=dict(width=1, color="white"),
+                    showlegend=False)
     # Labels that do not fit a short bar are hidden rather than shrunk to nothing (hover still names it).
     fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(minsize=9, mode="hide"),
                       xaxis=dict(title="ms from the step's first interval"),
-                      yaxis=dict(autorange="reversed", type="category"))
+                      yaxis=dict(autorange="reversed", type="category"),
+                      legend=dict(font=dict(size=10), traceorder="normal"))
 
 
-def _bars(trace, items: list[tuple[int, Interval, Action | None]], origin: int) -> None:
+def _bars(trace, items: list[tuple[int, Interval, str]], origin: int) -> None:
     # Ranks on one host share CLOCK_MONOTONIC, so one origin lines their bars up in real time.
     trace.y = [f"rank {r} {iv.kind}" for r, iv, _ in items]
     trace.base = [(iv.start_ns - origin) / 1e6 for _, iv, _ in items]
     trace.x = [(iv.end_ns - iv.start_ns) / 1e6 for _, iv, _ in items]
-    trace.marker.color = [_interval_color(iv, a) for _, iv, a in items]
-    trace.text = [_label(iv, a) for _, iv, a in items]
+    trace.text = [label for _, _, label in items]
     trace.customdata = [[iv.name, iv.bytes, iv.group] for _, iv, _ in items]
     trace.hovertemplate = ("%{customdata[0]}<br>%{base:.3f} ms + %{x:.3f} ms<br>%{customdata[1]:.3s}B "
                            "%{customdata[2]}<extra>%{y}</extra>")
+    trace.showlegend = bool(items)  # the legend lists what this step has, nothing else
 
 
-def _label(iv: Interval, action: Action | None) -> str:
-    return f"{action.kind}{action.microbatch}" if action is not None else iv.name
-
-
-def _interval_color(iv: Interval, action: Action | None) -> str:
-    if iv.kind == "wait":
-        return WAIT_COLOR
-    if action is not None:
-        return COMPUTE_COLORS[action.kind]
-    return name_color(iv.name, COMM_COLORS if iv.kind == "comm" else COMPUTE_COLORS, RANK_COLORS)
+def _span_bars(trace, items: list[Span], origin: int) -> None:
+    trace.y = [f"rank {s.rank} {SPAN_ROW}" for s in items]
+    trace.base = [(s.start_ns - origin) / 1e6 for s in items]
+    trace.x = [(s.end_ns - s.start_ns) / 1e6 for s in items]
+    trace.text = [s.kind.split(": ")[-1] for s in items]
+    trace.customdata = [[s.kind, s.detail] for s in items]
+    trace.hovertemplate = "%{customdata[0]}<br>%{base:.3f} ms + %{x:.3f} ms<br>%{customdata[1]}<extra>%{y}</extra>"
+    trace.showlegend = bool(items)
 
 
 def draw_timeline(fig: go.Figure, snap: Snapshot) -> None:
     latest = snap.common_latest()
     origin = min((iv.start_ns for m in latest.values() for iv in m.intervals), default=0)
-    items = []
+    v = config_stages(snap.config) if snap.config is not None else 1
+    grouped: dict[str, list[tuple[int, Interval, str]]] = {name: [] for name, _, _ in GROUPS}
+    present = set()
     for r in sorted(latest):
         actions = _actions(latest[r])
-        items += [(r, iv, actions.get((iv.start_ns, iv.end_ns)) if iv.kind == "compute" else None)
-                  for iv in latest[r].intervals]
-    for kind, trace in zip(TIMELINE_KINDS, fig.data):
-        _bars(trace, [item for item in items if item[1].kind == kind], origin)
-    present = {iv.kind for _, iv, _ in items}
-    fig.layout.yaxis.categoryarray = [f"rank {r} {kind}" for r in sorted(latest) for kind in TIMELINE_KINDS
-                                      if kind in present]
-    axes_visible(fig, bool(items))
-    if not items:
+        for iv in latest[r].intervals:
+            action = actions.get((iv.start_ns, iv.end_ns)) if iv.kind == "compute" else None
+            label = action_label(action, v) if action is not None else iv.name
+            grouped[_group(iv, action)].append((r, iv, label))
+            present.add(iv.kind)
+    end = max((iv.end_ns for m in latest.values() for iv in m.intervals), default=0)
+    spans = spans_within(snap.saves, snap.compilations, origin, end) if present else []
+    for (name, kind, _color), trace in zip(GROUPS, fig.data):
+        if kind == SPAN_ROW:
+            _span_bars(trace, [s for s in spans if s.kind == name], origin)
+        else:
+            _bars(trace, grouped[name], origin)
+    with_spans = {s.rank for s in spans}
+    fig.layout.yaxis.categoryarray = [f"rank {r} {kind}" for r in sorted(set(latest) | with_spans)
+                                      for kind in TIMELINE_KINDS
+                                      if kind in present or (kind == SPAN_ROW and r in with_spans)]
+    axes_visible(fig, bool(present))
+    if not present:
         fig.layout.title.text = "Timeline of the latest step"
         fig.layout.annotations = note("no steps yet" if not latest else "timeline: intervals not reported yet")
         return
