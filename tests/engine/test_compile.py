@@ -131,7 +131,7 @@ def test_the_estimate_of_fp8_uses_the_fp8_rate_and_cpu_has_none():
     bf16, fp8 = (wb.estimate(cfg.replace(precision=p), hardware="h100") for p in ("bf16", "fp8_tensorwise"))
     assert fp8.step_time_s < bf16.step_time_s  # H100: 1979 vs 989.5 dense TFLOP/s
     assert fp8.memory.parameters == bf16.memory.parameters  # fp32 master weights either way
-    with pytest.raises(ValueError, match="cpu has no fp8 peak"):
+    with pytest.raises(ValueError, match="Float8 linears need an fp8 peak; cpu has none"):
         wb.estimate(Config(precision="fp8_rowwise"), hardware="cpu")
 
 
