@@ -6,7 +6,6 @@
 
 #include <pybind11/stl.h>
 
-#include "activation_meter.h"
 #include "clock.h"
 #include "completion.h"
 #include "emulation_bindings.h"
@@ -144,6 +143,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   wbt::bind_quantize(m);
   wbt::bind_emulation(m);
-  wbt::bind_activation_meter(m);
   wbt::bind_flight(m);
 }

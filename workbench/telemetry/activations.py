@@ -36,44 +36,48 @@ class ActivationMeter:
     """
 
     def __init__(self, buffers: Iterable[torch.Tensor] = ()) -> None:
-        from workbench.telemetry import native
-
-        # The hooks are native (extensions/telemetry/activation_meter.cpp): autograd calls them for every tensor it
-        # saves, and in Python their bodies cost more than 1% of a small step. Wrapper subclasses come back here.
-        self._native = native.load().ActivationMeter([_storage(b)[0] for b in buffers], _wrapper_pack)
-        self._unpack = type(self._native).unpack
-
-    @property
-    def live(self) -> int:
-        """Bytes saved for backward and not yet freed."""
-        return self._native.live
-
-    @property
-    def peak(self) -> int:
-        """The most `live` has been since the last `reset_peak`."""
-        return self._native.peak
+        self.live = self.peak = 0
+        self._refs: dict[int, list[int]] = {}  # storage pointer -> [references, bytes]
+        self._ignored = {_storage(b)[0] for b in buffers}
 
     def reset_peak(self) -> None:
-        self._native.reset_peak()
+        self.peak = self.live
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self._native.pack, self._unpack):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
             yield
 
+    def _pack(self, t: torch.Tensor) -> Any:
+        # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain) or a pipeline stage's
+        # receive buffer, not an activation; a view's memory is its base's. Tensor parallel wraps a received input
+        # in a DTensor that is no leaf, so the local tensor is looked at too.
+        if _leaf_requiring_grad(t) or _leaf_requiring_grad(local_tensor(t)):
+            return t
+        # Hold a detached alias, never the tensor itself: an op's own output (rsqrt's, attention's) carries that
+        # op's grad_fn, which owns this packed object, a cycle through C++ that Python's gc cannot see. Backward
+        # breaks it as it frees the saved tensors, but a graph dropped without backward (the first pipeline stage's
+        # shape-inference forward) would then hold its saved tensors for ever. Autograd reattaches the grad_fn on
+        # unpack, so nothing is lost.
+        t = t.detach()
+        ptr, nbytes = _storage(t)
+        if not nbytes or ptr in self._ignored:
+            return t
+        ref = self._refs.get(ptr)
+        if ref is None:
+            self._refs[ptr] = [1, nbytes]
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        else:
+            ref[0] += 1
+        return _Saved(t, ptr, self)
 
-def _wrapper_pack(t: torch.Tensor) -> Any:
-    """The meter's pack for a wrapper subclass: `t` itself when it is no activation, else (a detached alias, the
-    address and bytes of the storage behind it) for the meter to count.
-
-    A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain) or a pipeline stage's receive
-    buffer, not an activation; a view's memory is its base's. Tensor parallel wraps a received input in a DTensor
-    that is no leaf, so the local tensor is looked at too. The alias is detached for the reason the native meter
-    gives: the tensor's own grad_fn would own the packed object, a cycle gc cannot see."""
-    if _leaf_requiring_grad(t) or _leaf_requiring_grad(local_tensor(t)):
-        return t
-    t = t.detach()
-    return (t, *_storage(t))
+    def _release(self, ptr: int) -> None:
+        ref = self._refs[ptr]
+        ref[0] -= 1
+        if ref[0] == 0:
+            self.live -= ref[1]
+            del self._refs[ptr]
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -103,3 +107,19 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 def _leaf_requiring_grad(t: torch.Tensor) -> bool:
     base = t if t._base is None else t._base
     return base.is_leaf and base.requires_grad
+
+
+class _Saved:
+    """What autograd stores instead of the tensor; when the graph drops it, its bytes are released."""
+
+    __slots__ = ("tensor", "ptr", "meter")
+
+    def __init__(self, tensor: torch.Tensor, ptr: int, meter: ActivationMeter) -> None:
+        self.tensor, self.ptr, self.meter = tensor, ptr, meter
+
+    def __del__(self) -> None:
+        self.meter._release(self.ptr)
+
+
+def _unpack(saved: Any) -> torch.Tensor:
+    return saved.tensor if isinstance(saved, _Saved) else saved
