@@ -62,7 +62,9 @@ def test_inductor_compiled_dp2_and_tp2_train_as_eager_and_report_their_compilati
         unsubscribe()
     assert compiled == pytest.approx(eager, rel=REL)
     ended = [e for e in seen if e.end_ns is not None]
-    assert {e.trigger for e in ended} >= {"dynamo", "lazy_backward"}  # the forward graph, then its backward
+    # The forward graph, then its backward at the first backward; where inductor's caches already hold this
+    # graph (an earlier run on this machine), AOTAutograd loads the backward with the forward: no lazy compile.
+    assert "dynamo" in {e.trigger for e in ended} <= {"dynamo", "lazy_backward"}
     assert all(e.start_ns < e.end_ns for e in ended)
     started = {e.compile_id for e in seen if e.end_ns is None}
     assert started == {e.compile_id for e in ended}  # each announced before it ran: the status line's cue
