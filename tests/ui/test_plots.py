@@ -43,6 +43,27 @@ def test_loss_per_step_with_a_marker_where_the_layout_changed():
     assert _notes(fig) == ["dp2", "tp2"]
 
 
+def test_a_recovery_is_marked_on_its_runs_loss_with_the_steps_replayed_and_not_on_a_new_models():
+    from workbench.telemetry.store import Recovery
+
+    store = _fed(6)
+    store.truncate(4)
+    store.add_recovery(Recovery(step=4, replayed=2, reason="rank 1 died (SIGKILL)", seconds=1.2))
+    for step in (4, 5):
+        for r in range(2):
+            store.add(r, step_metrics(r, step))
+    fig = LivePlots(store, 2).figures["loss"]
+    assert list(fig.data[0].x) == [0, 1, 2, 3, 4, 5]  # every step once
+    assert [s.x0 for s in fig.layout.shapes] == [-0.5, 3.5] and fig.layout.shapes[1].line.color == "#E45756"
+    assert _notes(fig) == ["dp2", "recovered · 2 replayed"]
+    assert "rank 1 died" in fig.layout.annotations[1].hovertext
+    store.start_run(wb.Config(dp=2, seed=1), 0, continues=False)  # a new model: its history has no recovery
+    for r in range(2):
+        store.add(r, step_metrics(r, 0))
+    fig = LivePlots(store, 2).figures["loss"]
+    assert "recovered · 2 replayed" not in _notes(fig)
+
+
 def test_throughput_step_time_and_mfu_with_its_basis_come_from_the_records():
     fig = LivePlots(_fed(4), 2).figures["throughput"]
     slots = len(fig.data) // 2

@@ -65,6 +65,8 @@ class Recovery:
     """The failure, in one line (which rank, what happened)."""
     seconds: float
     """From the failure's report to training again (restart, layout, snapshot restored)."""
+    run: int | None = None
+    """The id of the run it happened in (the store sets it): the loss plot marks it on that run's history only."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,7 @@ class TelemetryStore:
     def add_recovery(self, mark: Recovery) -> None:
         """Record that the run recovered by itself (the Workbench calls this, after truncating the lost steps)."""
         with self._lock:
+            mark = replace(mark, run=self._runs[-1].record.id if self._runs else None)
             self._recoveries.append(mark)
             self._version += 1
         self._notify(mark)

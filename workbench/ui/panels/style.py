@@ -97,3 +97,15 @@ def layout_markers(changes, steps_span: int) -> tuple[list[dict], list[dict]]:
                    showarrow=False, textangle=-90, xanchor="left", yanchor="top", font=dict(size=11, color="#555"))
               for group in groups]
     return lines, labels
+
+
+def recovery_markers(recoveries) -> tuple[list[dict], list[dict]]:
+    """Dashed red lines where a run recovered by itself (`train(recover=True)`): at the step it went back to, with
+    how many steps it trained again and why (the label's hover text)."""
+    lines = [dict(type="line", x0=r.step - 0.5, x1=r.step - 0.5, y0=0, y1=1, yref="paper",
+                  line=dict(color="#E45756", dash="dash", width=1)) for r in recoveries]
+    labels = [dict(text=f"recovered · {r.replayed} replayed", x=r.step - 0.5, y=0, xref="x", yref="paper",
+                   showarrow=False, textangle=-90, xanchor="right", yanchor="bottom",
+                   font=dict(size=11, color="#E45756"),
+                   hovertext=f"{r.reason}<br>back to step {r.step} in {r.seconds:.1f} s") for r in recoveries]
+    return lines, labels

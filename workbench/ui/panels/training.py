@@ -17,6 +17,7 @@ from workbench.ui.panels.style import (
     compared_runs,
     layout_markers,
     note,
+    recovery_markers,
 )
 
 
@@ -64,8 +65,11 @@ def draw_loss(fig: go.Figure, snap: Snapshot) -> None:
     span = (max(shown) - min(shown)) if shown else 0
     # A layout change takes effect at its step: the marker sits just before it.
     lines, labels = layout_markers(snap.layout_changes, span)
-    fig.layout.shapes = lines
-    fig.layout.annotations = labels + note(None if steps or compared else "no steps yet: Apply a layout, then Train")
+    in_history = {run.id for run in snap.lineage}
+    recovered_lines, recovered_labels = recovery_markers([r for r in snap.recoveries if r.run in in_history])
+    fig.layout.shapes = lines + recovered_lines
+    fig.layout.annotations = (labels + recovered_labels
+                              + note(None if steps or compared else "no steps yet: Apply a layout, then Train"))
     axes_visible(fig, bool(steps or compared))
 
 
