@@ -119,6 +119,7 @@ assert losses[True] == losses[False]
 """,
     "07_from_prototype_to_large_run": """
 assert cfg.zero == 3, "the text speaks of ZeRO 3: the plan's best layout scaled down"
+assert cfg.mixed_precision == "fsdp", "the text says the plan chose FSDP2's mixed precision (bf16 gathers)"
 assert measured["parameters"] - predicted.parameters == root, "above the estimate by the root module's parameters"
 for name in ("gradients", "optimizer", "activations"):
     assert abs(measured[name] - getattr(predicted, name)) <= 0.005 * getattr(predicted, name), name
