@@ -75,6 +75,7 @@ class FakeBench:
         self.store = TelemetryStore()
         self.session, self.pool = FakeSession(self.store, failures), FakePool()
         self.config, self.corpus, self.telemetry = object(), None, False
+        self.cluster = None  # this machine's own links: nothing to re-emulate after a restart
 
     @property
     def history(self):
