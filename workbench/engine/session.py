@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from workbench.config import Config
 from workbench.emulation import rank as emulation
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
-from workbench.engine.mesh import build_mesh, mesh_key
+from workbench.engine.mesh import build_mesh
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
@@ -37,7 +37,6 @@ class Session:
     trainer: Trainer
     next_step: int
     """Index of the global batch the next step trains on; continues across layout changes."""
-    meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
     corpus: str | Path | None = None
     """The corpus the trainer's data was mapped from: a new layout on the same corpus and batch reuses the mapping."""
 
@@ -95,15 +94,11 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
              and old.trainer.cfg.seed == cfg.seed)
     with rank.unchecked():
-        meshes = old.meshes if old is not None else {}
-        layout = mesh_key(cfg)
-        # One mesh per shape, reused: process groups are never destroyed (that can hang), so don't pile them up.
-        if layout not in meshes:
-            meshes[layout] = build_mesh(cfg, _device_type())
-        trainer = Trainer(cfg, meshes[layout], rank.info.device, _data(cfg, corpus, old, carry), telemetry)
+        mesh = build_mesh(cfg, _device_type())  # the process's mesh of this shape, built at its first use
+        trainer = Trainer(cfg, mesh, rank.info.device, _data(cfg, corpus, old, carry), telemetry)
         path = reshard_into(old.trainer, trainer) if carry else None
         dist.barrier()
-    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, meshes, corpus)
+    rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, corpus)
     if old is not None:
         _release(old)
     return {"layout": cfg.layout, "resharded": carry, "reshard": path,

@@ -16,6 +16,8 @@ is not recorded), so the checks stay available.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -49,8 +51,11 @@ def _create(opts, pg_options=None):
 
     ext = native.load()
     rank, size, timeout = opts.group_rank, opts.group_size, opts.timeout
+    gloo_options = ProcessGroupGloo._Options()
+    gloo_options._devices = _gloo_devices()
+    gloo_options._timeout = timeout
     # Each inner backend rendezvouses under its own prefix of the group's store.
-    gloo = ProcessGroupGloo(PrefixStore("gloo/", opts.store), rank, size, timeout)
+    gloo = ProcessGroupGloo(PrefixStore("gloo/", opts.store), rank, size, gloo_options)
     gloo.options.global_ranks_in_group = opts.global_ranks_in_group
     gloo.options.group_name = opts.group_id
     gloo._set_sequence_number_for_group()
@@ -59,6 +64,27 @@ def _create(opts, pg_options=None):
     # The emulated cluster (workbench.emulation) prices every group by its global ranks; the world has none listed.
     emulation.remember_group(opts.group_id, list(opts.global_ranks_in_group) or list(range(size)), rank)
     return backend
+
+
+_GLOO_DEVICES: list = []
+
+
+def _gloo_devices() -> list:
+    """The gloo transport devices every group of this process shares: one per interface in GLOO_SOCKET_IFNAME
+    (the pool sets "lo"), else the default one, as torch chooses them.
+
+    torch gives each gloo group a device of its own, and each device a thread that wakes every 10 ms (gloo's
+    epoll loop) and a listening socket: a rank that has built a few hundred groups (meshes of many layouts) burns
+    a sizeable part of a core doing nothing (benches/gloo_groups.py). A device is gloo's handle on a network
+    interface, made to serve many contexts; sharing it leaves one loop and one listener per process.
+    """
+    if not _GLOO_DEVICES:
+        from torch.distributed import ProcessGroupGloo
+
+        interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+        _GLOO_DEVICES.extend([ProcessGroupGloo.create_device(interface=name) for name in interfaces]
+                             or [ProcessGroupGloo.create_default_device()])
+    return _GLOO_DEVICES
 
 
 def _create_nccl(opts, pg_options):
