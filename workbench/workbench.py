@@ -33,6 +33,24 @@ from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
 
 
+class _OnRanks:
+    """A function of `workbench.engine.session`, sent by name: importing that module here, to send the function
+    itself, would bring torch and torch.distributed into the notebook (about 3 s of its start, for nothing it
+    uses)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.__qualname__ = name  # what the pool's reports call the command, as they would the function
+
+    def __repr__(self) -> str:
+        return f"workbench.engine.session.{self.name}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from workbench.engine import session
+
+        return getattr(session, self.name)(*args, **kwargs)
+
+
 class RankSession:
     """The commands a Workbench sends to the session on every rank (`workbench.engine.session`), one method each.
 
@@ -46,40 +64,26 @@ class RankSession:
         self.pool = pool
 
     def capabilities(self) -> dict[str, Any]:
-        from workbench.engine import session
-
-        return self.pool.run(session.capabilities)[0]
+        return self.pool.run(_OnRanks("capabilities"))[0]
 
     def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
-        from workbench.engine import session
-
-        return self.pool.run(session.apply, cfg, corpus, telemetry, fresh)[0]
+        return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh)[0]
 
     def train(self, steps: int, run_id: str, saves: checkpoints.SaveSchedule | None) -> Handle:
-        from workbench.engine import session
-
-        return self.pool.run_async(session.train, steps, run_id, saves)
+        return self.pool.run_async(_OnRanks("train"), steps, run_id, saves)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every rank's part of the training state, for the notebook to hold (`workbench.recovery`)."""
-        from workbench.engine import session
-
-        return self.pool.run(session.snapshot)
+        return self.pool.run(_OnRanks("snapshot"))
 
     def restore(self, snapshot: list[dict[str, Any]]) -> int:
-        from workbench.engine import session
-
-        return self.pool.run(session.restore, snapshot)[0]
+        return self.pool.run(_OnRanks("restore"), snapshot)[0]
 
     def save(self, directory: str, keep: int | None, nonce: str) -> str:
-        from workbench.engine import session
-
-        return self._checkpoint_command(session.save, directory, keep, nonce)
+        return self._checkpoint_command(_OnRanks("save"), directory, keep, nonce)
 
     def load(self, path: str, saved: dict[str, Any]) -> dict[str, Any]:
-        from workbench.engine import session
-
-        return self._checkpoint_command(session.load, path, saved)
+        return self._checkpoint_command(_OnRanks("load"), path, saved)
 
     def _checkpoint_command(self, fn: Any, *args: Any) -> Any:
         """Run a checkpoint command on every rank; a CheckpointError raised there is raised here as itself."""
