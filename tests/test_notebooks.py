@@ -73,7 +73,7 @@ for s in ("gpipe", "1f1b"):
     assert bubble[s, 8] > ideal_bubble_fraction(2, 8), f"{s}: above the formula at m=8 {bubble}"
 assert inter(8) > 2 * ideal_bubble_fraction(2, 8, 2), f"interleaved: at least twice its formula at m=8 {bubble}"
 assert inter(8) / ideal_bubble_fraction(2, 8, 2) > one(8) / ideal_bubble_fraction(2, 8), f"in proportion {bubble}"
-assert small[8] > one(8), f"one sequence per action: at m=8 the bubble is above the large batch's {small} {bubble}"
+assert small[8] > ideal_bubble_fraction(2, 8) + 0.05, f"one sequence per action: at m=8 well above the formula {small}"
 """,
     "04_precision_and_recompute": """
 (fp32, bf16, fp16, selective, full) = results.values()
