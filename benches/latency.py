@@ -152,11 +152,22 @@ def restart_times(wb, standby: bool) -> tuple[list[float], list[dict]]:
 
 
 # -- steady steps ----------------------------------------------------------------------------------------
-def steady_step(wb, telemetry: bool) -> float:
-    with wb.Workbench(2, telemetry=telemetry, standby=False) as bench:
-        bench.apply(wb.Config(dp=2))
-        bench.train(3).wait()
-        return med([m.step_time_s for m in bench.train(STEPS).wait()][3:])
+def steady_steps_on_off(wb, rounds: int = 3) -> tuple[float, float]:
+    """Median steady dp=2 step with telemetry on and off: two Workbenches side by side (the recording backend and
+    the probe / plain gloo), their rounds alternated, so a drift of the machine falls on both alike."""
+    benches = {flag: wb.Workbench(2, telemetry=flag, standby=False) for flag in (True, False)}
+    try:
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for bench in benches.values():
+            bench.apply(wb.Config(dp=2))
+            bench.train(3).wait()
+        for _ in range(rounds):
+            for flag, bench in benches.items():
+                times[flag] += [m.step_time_s for m in bench.train(STEPS).wait()][3:]
+        return med(times[True]), med(times[False])
+    finally:
+        for bench in benches.values():
+            bench.close()
 
 
 def main() -> None:
@@ -172,7 +183,7 @@ def main() -> None:
     with wb.Workbench(2) as bench:
         driver, ranks, first, steady_after = apply_phases(bench, wb)
         standby = bench.pool.standby
-    on, off = steady_step(wb, True), steady_step(wb, False)
+    on, off = steady_steps_on_off(wb)
     plain = engine.plain_torchrun(STEPS)
 
     rows = []

@@ -331,7 +331,17 @@ def main(argv: list[str] | None = None) -> None:
     worker = Worker(a.connect, read_key_file(a.key_file), rank, world_size, local_rank, local_world, a.local,
                     private=(prepare or {}).get("private_dir"))
     worker.timeline["main"] = started
-    worker.serve(prepare, a.nice)
+    try:
+        worker.serve(prepare, a.nice)
+    except SystemExit as e:
+        # A rank that gives up (its driver gone, a handshake that never completed) says why and exits with a code
+        # of its own: the interpreter's teardown would instead die of SIGABRT on the stdin watcher's lock, and the
+        # pool would report a crash rather than the reason.
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.code if isinstance(e.code, int) else 1)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: gloo/NCCL threads can hang it
 
