@@ -28,18 +28,19 @@ def mesh_layout(cfg: Config | Degrees) -> MeshLayout:
 
 
 _BUILT: dict[tuple[MeshLayout, str], DeviceMesh] = {}
-_BUILT_IN: list = [None]
+_built_in = None
 """The world `_BUILT`'s meshes belong to: a process that ends its world and starts another builds afresh."""
 
 
 def build_mesh(cfg: Config | Degrees, device_type: str) -> DeviceMesh:
     """The DeviceMesh for `cfg` over the current world: built (one process group per axis slice) the first time
     this process asks for its shape, the same mesh every time after. A collective call: every rank asks alike."""
+    global _built_in
     layout = mesh_layout(cfg)
     key = (layout, device_type)
-    if _BUILT_IN[0] is not dist.group.WORLD:
+    if _built_in is not dist.group.WORLD:
         _BUILT.clear()
-        _BUILT_IN[0] = dist.group.WORLD
+        _built_in = dist.group.WORLD
     if key not in _BUILT:
         _BUILT[key] = _build(layout, device_type)
     return _BUILT[key]

@@ -337,11 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         # A rank that gives up (its driver gone, a handshake that never completed) says why and exits with a code
         # of its own: the interpreter's teardown would instead die of SIGABRT on the stdin watcher's lock, and the
         # pool would report a crash rather than the reason.
-        if e.code is not None and not isinstance(e.code, int):
+        if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(e.code if isinstance(e.code, int) else 1)
+        os._exit(0 if e.code is None else e.code if isinstance(e.code, int) else 1)  # as the interpreter would
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: gloo/NCCL threads can hang it
 
