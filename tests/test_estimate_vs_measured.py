@@ -173,6 +173,21 @@ def test_estimated_tensor_parallel_moe_is_the_measured_one(pool):
             assert (calls, nbytes) == (len(recorded), sum(recorded)), kind
 
 
+def test_estimated_tensor_parallel_collectives_are_the_recorded_ones(pool):
+    """Dense tp=2 over two micro-batches: every sequence-parallel gather and scatter, and the norm weights'
+    gradients summed over tp once per step, all five norms in one call (left to the optimizer they cost three
+    all-reduces each, 15 calls: engine/parallel/tensor.py's reduce_partial_gradients)."""
+    cfg = TENSOR.replace(micro_batches=2)
+    est = estimate(cfg, CPU)
+    for r in pool.run(fns.train_and_measure, cfg):
+        for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+            calls = sum(c.calls for c in est.comm if c.kind == kind and c.axis == "tp")
+            nbytes = sum(c.bytes for c in est.comm if c.kind == kind and c.axis == "tp")
+            # The step's vote (6 fp32) is the trainer's own world all-reduce, which the estimator leaves out.
+            recorded = [n for name, n, _ in r["comm"] if name == kind and not (kind == "all_reduce" and n == 24)]
+            assert (calls, nbytes) == (len(recorded), sum(recorded)), (kind, r["comm"])
+
+
 def _kept_by_forward(cfg: Config) -> int:
     """Bytes one forward leaves for backward, measured two independent ways at once: the saved-tensor hooks
     (the telemetry's meter: what autograd saves outside checkpointed regions, and their inputs) and every live

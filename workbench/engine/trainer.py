@@ -27,6 +27,7 @@ from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.context import shard_sequence
 from workbench.engine.parallel.data_parallel import build_optimizer, gradient_mesh, gradient_sync
 from workbench.engine.parallel.float8 import after_optimizer_step
+from workbench.engine.parallel.tensor import reduce_partial_gradients
 from workbench.engine.parallelize import parallelize
 from workbench.engine.precision import MixedPrecision
 from workbench.engine.routing import RouterTally
@@ -149,6 +150,8 @@ class Trainer:
         try:
             with self.probe.activations():  # counts what autograd saves for backward, live
                 loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
+            if self.cfg.tp > 1:
+                reduce_partial_gradients(self.modules)  # sequence parallel's norm gradients, once per step
         except torch.OutOfMemoryError as e:
             if dist.get_world_size() > 1:
                 self._drop_gradients()  # a partial step's gradients must not leak into the next

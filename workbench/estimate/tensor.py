@@ -40,7 +40,9 @@ def tp_comm(st: Stage, net: Network, dt: Dtypes, features: Features = NO_FEATURE
                    gather_calls + mb * edges, gather_bytes / (gather_calls + mb * edges), tp),
         collective(net, st.rank, "tp", "reduce_scatter", Role.SEQUENCE_PARALLEL, "sequence-parallel activations",
                    scatter_calls + mb * edges, scatter_bytes / (scatter_calls + mb * edges), tp),
-        collective(net, st.rank, "tp", "all_reduce", Role.NORM_GRADIENTS, "norm weight gradients", mb,
+        # Once per step, every norm of the stage in one call, after the last micro-batch's backward
+        # (engine/parallel/tensor.py's reduce_partial_gradients, as Megatron-LM reduces its layernorm gradients).
+        collective(net, st.rank, "tp", "all_reduce", Role.NORM_GRADIENTS, "norm weight gradients", 1,
                    4 * m.dim * (2 * blocks + st.last), tp),
     ]
     if st.last and not features.loss_parallel:
