@@ -3,8 +3,9 @@ exposed communication and the pipeline bubble, undilated, beside what `wb.estima
 
 The prediction (`workbench.emulation.predict`) is the estimator's own traffic and overlap accounting with every
 collective priced by `workbench.links` on the emulated topology, plus the trainer's per-step vote all-reduce.
-Compute agrees by construction (the dilation is measured compute over the target's compute for the same FLOPs);
-the figures with content are the exposed communication, the collectives counted, and the bubble.
+Compute agrees by construction (the dilation is measured compute over the estimator's compute of the same step on
+the target: one model of the GPU for both); the figures with content are the exposed communication, the
+collectives counted, and the bubble.
 
 Each case runs with the dilation measured every step (as a Workbench does); each paced step is undilated by the
 dilation its rank paced it with, so compute and communication are divided by the same number.
@@ -57,7 +58,7 @@ def main() -> None:
         for name, (cfg, shape) in CASES.items():
             cluster = wb.Cluster(**shape)
             _, everyone = _run(pool, cluster, cfg, STEPS)
-            per_rank = undilated(list(everyone.values()), cluster, cfg.precision)
+            per_rank = undilated(list(everyone.values()))
             paced = range(len(per_rank[0]))
             compute = statistics.median(max(r[k].compute_s for r in per_rank) for k in paced)
             exposed = statistics.median(max(r[k].exposed_s for r in per_rank) for k in paced)

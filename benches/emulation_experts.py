@@ -20,7 +20,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import workbench as wb  # noqa: E402
 from workbench import links  # noqa: E402
-from workbench.emulation.cluster import dilation_from_steps  # noqa: E402
 
 MOE = wb.ModelConfig(dim=64, n_layers=2, n_heads=2, n_experts=4, top_k=2, capacity_factor=2.0)
 CFG = wb.Config(model=MOE, batch_size=8, seq_len=32, dp=4, ep=4)
@@ -44,7 +43,7 @@ def run(bench: wb.Workbench, exchange: str) -> tuple[list, list[int]]:
 def main() -> None:
     with wb.Workbench(4, cluster=wb.Cluster(**SHAPE)) as bench:
         first, _ = run(bench, "flat")
-        d = dilation_from_steps(first, bench.cluster, CFG.precision)
+        d = first[-1].dilation  # what the last step was paced with, measured from the steps before it
         bench.emulate(wb.Cluster(**SHAPE, dilation=d))
         results = {exchange: run(bench, exchange) for exchange in ("flat", "hierarchical")}
         topology = bench.cluster.topology

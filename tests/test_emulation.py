@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 
 from workbench import hardware, links
+from workbench.config import Config, ModelConfig
 from workbench.emulation import Cluster, status_line
 from workbench.emulation.cluster import (REAL_BUS_BANDWIDTH, dilation_from_steps, emulation_for, fit_real,
-                                         group_lines, measured_dilation)
+                                         group_lines, measured_dilation, target_compute_s)
 from workbench.telemetry.events import Interval, StepMetrics
 
 
@@ -75,20 +76,35 @@ def _step(compute_ns: list[tuple[int, int]], waits: list[tuple[int, int]], flops
                        intervals=tuple(spans))
 
 
-def test_the_dilation_is_this_ranks_compute_over_the_targets_time_for_the_flops():
-    cluster = Cluster("h100-ib", efficiency=0.5)
-    h100_fp32 = hardware.H100.peak("fp32")
-    # 30 ms of compute spans (one 10 ms wait inside them does not count) for 1e9 FLOPs.
+def test_the_dilation_is_this_ranks_compute_over_the_targets_time_for_the_step():
+    # 30 ms of compute spans (one 10 ms wait inside them does not count); the target computes the step in 10 µs.
     step = _step([(0, 20_000_000), (25_000_000, 45_000_000)], [(30_000_000, 40_000_000)], 1e9)
-    expected = 0.030 / (1e9 / (h100_fp32 * 0.5))
-    assert measured_dilation(0.030, 1e9, hardware.H100, "fp32", 0.5) == pytest.approx(expected)
+    assert measured_dilation(0.030, 1e-5) == pytest.approx(3000)
+    assert measured_dilation(0.0, 1e-5) is None and measured_dilation(0.030, 0.0) is None
     # The lowest of the latest steps, once two are measured: a warm-up or a slow step does not swing it.
     slow = _step([(0, 90_000_000)], [], 1e9)
-    assert dilation_from_steps([slow], cluster, "fp32") is None
-    assert dilation_from_steps([slow, step], cluster, "fp32") == pytest.approx(expected)
-    assert dilation_from_steps([step, slow, slow], cluster, "fp32") == pytest.approx(expected)
-    assert dilation_from_steps([slow, slow, slow, step], cluster, "fp32") == pytest.approx(expected)
-    assert dilation_from_steps([replace(step, intervals=())] * 3, cluster, "fp32") is None
+    assert dilation_from_steps([slow], 1e-5) is None
+    assert dilation_from_steps([slow, step], 1e-5) == pytest.approx(3000)
+    assert dilation_from_steps([step, slow, slow], 1e-5) == pytest.approx(3000)
+    assert dilation_from_steps([slow, slow, slow, step], 1e-5) == pytest.approx(3000)
+    assert dilation_from_steps([replace(step, intervals=())] * 3, 1e-5) is None
+
+
+def test_the_targets_compute_is_the_estimators_for_the_ranks_stage():
+    """One model of the target's compute: the dilation divides by what the estimator predicts for the rank's
+    pipeline stage on the cluster's GPU (pp is the mesh's outermost axis: ranks 0-1 hold stage 0 of pp=2 × dp=2),
+    or by the step's FLOPs at a stated efficiency."""
+    from workbench.estimate import estimate
+
+    cfg = Config(model=ModelConfig(dim=64, n_layers=4, n_heads=2), batch_size=8, seq_len=64, pp=2, dp=2,
+                 micro_batches=4, schedule="1f1b")
+    cluster = Cluster("a100-ib", nodes=2)
+    stages = estimate(cfg, "a100").stages
+    assert stages[0].compute_s != stages[1].compute_s  # the embedding and the head differ
+    assert [target_compute_s(cfg, cluster, r) for r in range(4)] == [stages[0].compute_s] * 2 + [stages[1].compute_s] * 2
+    stated = estimate(cfg, "a100", efficiency=0.5).stages[1]
+    assert target_compute_s(cfg, replace(cluster, efficiency=0.5), 3) == pytest.approx(
+        stated.flops / (hardware.A100.peak("fp32") * 0.5))
 
 
 def test_the_status_line_says_plainly_what_is_emulated():
@@ -96,7 +112,9 @@ def test_the_status_line_says_plainly_what_is_emulated():
     cluster = Cluster("h100-25gbe", nodes=2).for_world(2)
     line = status_line(cluster, 1234.5)
     assert line.startswith("EMULATED cluster h100-25gbe: 2 nodes × 1 h100")
-    assert "25 GbE (TCP)" in line and "time dilated ×1.23e+03 (this rank's compute ÷ the h100's at 40% MFU)" in line
+    assert "25 GbE (TCP)" in line
+    assert "time dilated ×1.23e+03 (this rank's compute ÷ the estimate of its stage's on the h100)" in line
+    assert "(this rank's compute ÷ the h100's at 40% MFU)" in status_line(replace(cluster, efficiency=0.4), 9.0)
     assert "measured from the first steps" in status_line(cluster)
     assert status_line(replace(cluster, dilation=50.0)).endswith("time dilated ×50 (fixed)")
 

@@ -14,6 +14,7 @@ from tests.telemetry import overlap_reference as reference
 from tests.emulation_rank_fns import KINDS, emulation_status, time_kinds
 from workbench import links
 from workbench.emulation import rank as emulation
+from workbench.emulation.cluster import target_compute_s
 
 # 2 emulated nodes of one H100 over 25 GbE: a 1 MiB all-reduce takes 0.4 ms there; ×300 it takes 0.12 s here,
 # ~50× what loopback takes for it.
@@ -58,8 +59,8 @@ def test_off_again_collectives_run_at_loopback_speed(pool, tmp_path):
 
 
 SMALL = wb.Config(batch_size=4, seq_len=32, dp=2, model=wb.ModelConfig(dim=32, n_layers=2, n_heads=2))
-# Larger matmuls than SMALL's run nearer a CPU core's peak, so the measured dilation (and each paced step) is ~50×
-# smaller: a100 fp32, ~2,000.
+# The layout the dilation is measured on: on the a100 in fp32 it comes out near 100 on this machine (a CPU core
+# computes this step ~100× slower than the estimator's kernel model of the GPU).
 NB = wb.Config(batch_size=8, seq_len=64, dp=2, model=wb.ModelConfig(dim=64, n_layers=2, n_heads=2))
 
 
@@ -110,9 +111,13 @@ def test_the_measured_dilation_is_the_ranks_compute_over_the_targets(pool):
     step 2 on."""
     cluster = wb.Cluster("a100-ib", nodes=2)
     histories, line = _histories(pool, cluster, 3)
-    gpu_time = histories[0][-1].flops / (wb.hardware.A100.peak("fp32") * cluster.efficiency)
+    gpu_time = target_compute_s(NB, cluster, 0)  # dp=2: both ranks hold the one stage
     shown = float(line.split("time dilated ×")[1].split()[0])
-    assert shown == pytest.approx(max(min(_ratio(m, gpu_time) for m in h) for h in histories), rel=0.02)
+    # Steps 0 and 1 measured it (unpaced); each rank's lowest ratio of the two, the larger of the ranks, paced step 2.
+    agreed = max(min(_ratio(m, gpu_time) for m in h[:2]) for h in histories)
+    assert [h[2].dilation for h in histories] == [pytest.approx(agreed, rel=0.02)] * 2
+    assert [m.dilation for h in histories for m in h[:2]] == [None] * 4
+    assert shown == pytest.approx(histories[0][-1].dilation, rel=5e-3)  # the line shows 3 figures
     # Steps 0 and 1 ran unpaced (the dilation was being measured); step 2 was paced at it: no collective of it
     # ended before the link model's time × the dilation the ranks agreed on.
     topology = cluster.for_world(2).topology
@@ -130,7 +135,7 @@ def test_the_undilated_exposed_communication_is_what_the_estimate_priced_by_the_
 
     cluster = wb.Cluster("a100-ib", nodes=2, dilation=2000.0)
     histories, _ = _histories(pool, cluster, 3)
-    paced = undilated(histories, cluster, NB.precision)
+    paced = undilated(histories)
     measured = statistics.median(max(r[k].exposed_s for r in paced) for k in range(len(paced[0])))
     expected = predicted(NB, cluster.for_world(2).topology).exposed_s
     assert 0.5 < measured / expected < 2.0, (measured, expected)

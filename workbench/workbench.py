@@ -26,7 +26,7 @@ from workbench.config import Config, ConfigError
 from workbench.corpus import check_corpus
 from workbench.emulation import Cluster, status_line
 from workbench.emulation import rank as emulation
-from workbench.emulation.cluster import agreed_dilation, emulation_for
+from workbench.emulation.cluster import emulation_for
 from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
@@ -395,9 +395,8 @@ class Workbench:
         """One line: whether a cluster is emulated, which, and the time dilation the ranks paced the last step with."""
         if self.cluster is None or self.config is None:
             return status_line(self.cluster)
-        histories = [self.store.steps(r) for r in range(self.pool.world_size)]
-        return status_line(self.cluster, self.cluster.dilation or agreed_dilation(
-            histories, self.cluster, self.config.precision))
+        last = self.store.steps(0)[-1:]
+        return status_line(self.cluster, self.cluster.dilation or (last[0].dilation if last else None))
 
     def dashboard(self, refresh_s: float = 0.3):
         """Controls and live plots in one widget: change the layout, train, watch what it does."""

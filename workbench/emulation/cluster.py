@@ -3,26 +3,30 @@
     bench = wb.Workbench(2, cluster=wb.Cluster("h100-25gbe", nodes=2))   # 2 emulated nodes of 1 H100, 25 GbE
 
 A `Cluster` names a topology (a `workbench.links` preset or a `Topology`) and how its time relates to this
-machine's: the **time dilation** d. A GPU computes a step's FLOPs far faster than a CPU core; emulated
-communication is stretched by the same factor, so that it keeps the target's ratio to computation:
+machine's: the **time dilation** d. A GPU computes a step far faster than a CPU core; emulated communication is
+stretched by the same factor, so that it keeps the target's ratio to computation:
 
-    d = a rank's measured compute time of a step / (the step's FLOPs / (target peak × efficiency))
+    d = a rank's measured compute time of a step / the target GPU's compute time of the same step
 
-the largest over the ranks, measured on every step by default (the session's first two steps run unpaced, to measure it), or fixed.
-Every collective then completes no earlier than d × its time on the target (`links.collective_time`).
+the largest over the ranks, measured on every step by default (the session's first two steps run unpaced, to
+measure it), or fixed. The target's compute time is the estimator's (`target_compute_s`): its kernel model of
+the GPU, the same figure its prediction for the cluster uses, so an emulated step and a predicted one rest on one
+model of compute. Every collective then completes no earlier than d × its time on the target
+(`links.collective_time`); each step records the dilation it was paced with (`StepMetrics.dilation`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench import hardware, links
 from workbench.links import Line, Topology
 
-DEFAULT_EFFICIENCY = 0.4
-"""The fraction of its peak FLOP/s the target GPU is assumed to reach (the estimator's default MFU)."""
+if TYPE_CHECKING:
+    from workbench.config import Config
 
 REAL_LATENCY_S = 1e-3
 REAL_BUS_BANDWIDTH = 0.25e9
@@ -66,14 +70,16 @@ class Cluster:
 
     nodes / gpus_per_node: how the Workbench's ranks split into nodes (ranks fill nodes in mesh order); give
     one, the other follows from the world size; neither: the preset's GPUs per node, or fewer if the world is
-    smaller. efficiency: the MFU the target GPU is assumed to reach, for the dilation.
+    smaller. efficiency: None to time the target's compute by the estimator's kernel model of its GPU (GEMM
+    tiles and waves, attention, memory-bound kernels at HBM rate, the optimizer); a number to state an MFU
+    instead (the step's FLOPs at that fraction of the GPU's peak), as `wb.estimate(efficiency=...)` does.
     """
 
     target: str | Topology = "h100-ib"
     nodes: int | None = None
     gpus_per_node: int | None = None
     dilation: float | None = None
-    efficiency: float = DEFAULT_EFFICIENCY
+    efficiency: float | None = None
     topology: Topology | None = field(default=None, compare=False)
     """Filled by `for_world`: the concrete topology the ranks stand for."""
 
@@ -85,7 +91,7 @@ class Cluster:
                              f"got {type(self.target).__name__}")
         if self.dilation is not None and not self.dilation > 0:
             raise ValueError(f"Cluster dilation: must be positive (or None to measure it), got {self.dilation}")
-        if not 0 < self.efficiency <= 1:
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ValueError(f"Cluster efficiency: the target's MFU, in (0, 1], got {self.efficiency}")
         for name in ("nodes", "gpus_per_node"):
             value = getattr(self, name)
@@ -162,8 +168,12 @@ def status_line(cluster: Cluster | None, dilation: float | None = None) -> str:
                else f"time dilated ×{cluster.dilation:.3g}")
     else:
         how = f"time dilated ×{dilation:.3g}"
-    basis = (f" (this rank's compute ÷ the {cluster.gpu.name}'s at {cluster.efficiency:.0%} MFU)"
-             if cluster.dilation is None else " (fixed)")
+    if cluster.dilation is not None:
+        basis = " (fixed)"
+    elif cluster.efficiency is None:
+        basis = f" (this rank's compute ÷ the estimate of its stage's on the {cluster.gpu.name})"
+    else:
+        basis = f" (this rank's compute ÷ the {cluster.gpu.name}'s at {cluster.efficiency:.0%} MFU)"
     return f"EMULATED cluster {cluster.describe()}; {how}{basis}"
 
 
@@ -212,27 +222,33 @@ WARMUP_STEPS = 2
 optimizer step), which would inflate it."""
 
 
-def dilation_from_steps(steps, cluster: Cluster, precision: str, last: int = 3) -> float | None:
-    """The measured dilation after `steps` (one rank's `StepMetrics`, oldest first): the lowest ratio over the
-    `last` steps that carry telemetry (noise only ever adds compute time); None before WARMUP_STEPS of them."""
-    ratios = [measured_dilation(step_compute_s(m.intervals), m.flops, cluster.gpu, precision, cluster.efficiency)
-              for m in steps[-last:] if m.intervals]
+def target_compute_s(cfg: "Config", cluster: Cluster, rank: int) -> float:
+    """Seconds the cluster's GPU computes one step of global `rank` in `cfg`: the estimator's compute of the
+    rank's pipeline stage (bubble excluded, as the rank's own compute spans exclude it), by its kernel model or at
+    `cluster.efficiency` of the peak when that is stated."""
+    stages = _stage_compute(cfg, cluster._base().gpu, cluster.efficiency)
+    return stages[rank // (cfg.world_size // cfg.pp)]  # pp is the mesh's outermost dimension
+
+
+@functools.lru_cache(maxsize=32)
+def _stage_compute(cfg: "Config", gpu: str, efficiency: float | None) -> tuple[float, ...]:
+    # Once per layout on a rank (after every step it is asked again), so cached; the estimator is pure Python.
+    from workbench.estimate import estimate
+
+    return tuple(stage.compute_s for stage in estimate(cfg, gpu, efficiency=efficiency).stages)
+
+
+def dilation_from_steps(steps, target_s: float, last: int = 3) -> float | None:
+    """The measured dilation after `steps` (one rank's `StepMetrics`, oldest first, all of one layout) whose
+    compute takes `target_s` on the target GPU: the lowest ratio over the `last` steps that carry telemetry
+    (noise only ever adds compute time); None before WARMUP_STEPS of them."""
+    ratios = [measured_dilation(step_compute_s(m.intervals), target_s) for m in steps[-last:] if m.intervals]
     ratios = [r for r in ratios if r is not None]
     return min(ratios) if len(ratios) >= min(WARMUP_STEPS, last) else None
 
 
-def agreed_dilation(histories, cluster: Cluster, precision: str, last: int = 3) -> float | None:
-    """The dilation every rank paces with after these steps: the largest of the ranks' own
-    (`dilation_from_steps` of each rank's history), so all stand for the same cluster time (the ranks agree on
-    it after every step: `workbench.emulation.rank.after_step`)."""
-    own = [dilation_from_steps(list(h), cluster, precision, last) for h in histories]
-    own = [d for d in own if d is not None]
-    return max(own) if own else None
-
-
-def measured_dilation(compute_s: float, flops: float, gpu: hardware.Hardware, precision: str,
-                      efficiency: float) -> float | None:
-    """this rank's compute time / the target GPU's time for the same FLOPs; None without a measure."""
-    if compute_s <= 0 or flops <= 0:
+def measured_dilation(compute_s: float, target_s: float) -> float | None:
+    """this rank's compute time / the target GPU's time for the same step; None without a measure."""
+    if compute_s <= 0 or target_s <= 0:
         return None
-    return compute_s / (flops / (gpu.peak(precision) * efficiency))
+    return compute_s / target_s

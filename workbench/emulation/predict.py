@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from workbench import hardware, links
 from workbench.config import Config
-from workbench.emulation.cluster import Cluster, agreed_dilation, step_compute_s
+from workbench.emulation.cluster import step_compute_s
 
 VOTE_BYTES = 4 * 6
 """The trainer's per-step all-reduce: loss, weight, found_inf, stop, skip, oom as fp32 (MoE adds its counts)."""
@@ -68,16 +68,9 @@ def predicted(cfg: Config, topology: links.Topology) -> StepFigures:
     return best
 
 
-def undilated(histories: list, cluster: Cluster, precision: str) -> list[list[StepFigures]]:
-    """Each paced step of every rank (`StepMetrics` since the cluster was installed, one list a rank), divided by
-    the dilation the ranks paced it with: the one they agreed from the steps before it (`agreed_dilation`)."""
-    out = [[] for _ in histories]
-    for k in range(1, min(len(h) for h in histories)):
-        d = cluster.dilation or agreed_dilation([h[:k] for h in histories], cluster, precision)
-        if d is None:
-            continue  # not paced yet: the dilation was being measured
-        for figures, h in zip(out, histories):
-            m = h[k]
-            figures.append(StepFigures(step_compute_s(m.intervals) / d, m.exposed_comm_s / d,
-                                       sum(iv.kind == "comm" for iv in m.intervals)))
-    return out
+def undilated(histories: list) -> list[list[StepFigures]]:
+    """Each paced step of every rank (`StepMetrics`, one list a rank), divided by the dilation it was paced with
+    (`StepMetrics.dilation`): what it took on the cluster. Steps run unpaced (the dilation was being measured)
+    are left out."""
+    return [[StepFigures(step_compute_s(m.intervals) / m.dilation, m.exposed_comm_s / m.dilation,
+                         sum(iv.kind == "comm" for iv in m.intervals)) for m in h if m.dilation] for h in histories]

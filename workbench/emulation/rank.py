@@ -18,9 +18,11 @@ import os
 import re
 import socket
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
-from workbench.emulation.cluster import DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines
+from workbench.emulation.cluster import (DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines,
+                                        target_compute_s)
 
 MEASURED_STEPS = 3
 """The dilation is the lowest over this many latest steps: one slow step (a collection, a page fault) does not
@@ -34,7 +36,8 @@ _arrivals: str | None = None
 _real: RealLinks = dict(DEFAULT_REAL)
 """This machine's own transport, measured by `calibrate` (a conservative default until then)."""
 _recent: deque = deque(maxlen=MEASURED_STEPS)
-"""The latest steps' metrics, for the measured dilation."""
+"""The latest steps' metrics, for the measured dilation, all of the layout `_layout`."""
+_layout: Any = None
 
 
 def _native():
@@ -145,17 +148,26 @@ def dilation() -> float | None:
     return value if _cluster is not None and value > 0 else None
 
 
-def after_step(metrics: Any, precision: str) -> None:
-    """Measure the dilation from a finished step (`StepMetrics`): its compute spans, less waits, against the
-    target GPU's time for the step's FLOPs, the lowest of the latest few; then agree it with the other ranks
-    (the largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
-    dilation, or no cluster, leaves it as it is."""
-    if _cluster is None or _cluster.dilation is not None or not metrics.intervals:
-        return
-    _recent.append(metrics)
-    agreed = _agree(dilation_from_steps(list(_recent), _cluster, precision, MEASURED_STEPS))
-    if agreed is not None:
-        _native().emulation_set_dilation(agreed)
+def after_step(metrics: Any, cfg: Any) -> Any:
+    """The step's metrics (`StepMetrics`) with the dilation its collectives were paced with; and the dilation
+    measured from it: its compute spans, less waits, against the target GPU's compute of the same step
+    (`target_compute_s`), the lowest of the latest few of this layout, then agreed with the other ranks (the
+    largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
+    dilation, or no cluster, leaves the dilation as it is."""
+    global _layout
+    if _cluster is None:
+        return metrics
+    paced = dilation()
+    if _cluster.dilation is None and metrics.intervals:
+        if cfg != _layout:  # a new layout computes differently: its dilation is measured afresh (paced meanwhile)
+            _recent.clear()
+            _layout = cfg
+        _recent.append(metrics)
+        target = target_compute_s(cfg, _cluster, metrics.rank)
+        agreed = _agree(dilation_from_steps(list(_recent), target, MEASURED_STEPS))
+        if agreed is not None:
+            _native().emulation_set_dilation(agreed)
+    return replace(metrics, dilation=paced) if paced is not None else metrics
 
 
 def _agree(mine: float | None) -> float | None:

@@ -152,7 +152,7 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
         for _ in range(steps):
             # The request may reach ranks at different moments; the step's all-reduce makes them agree.
             metrics = session.trainer.step(session.next_step, Flags(stop=rank.flag("stop") == run_id))
-            emulation.after_step(metrics, session.trainer.cfg.precision)  # an emulated cluster's dilation
+            metrics = emulation.after_step(metrics, session.trainer.cfg)  # an emulated cluster's dilation
             session.next_step += 1
             rank.emit(metrics)
             done.append(metrics)

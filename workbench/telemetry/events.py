@@ -103,6 +103,9 @@ class StepMetrics:
     grad_sync_bytes: int = 0
     """Bytes this rank sent for the data-parallel gradient sync in the step (each recorded collective's size
     times its bus factor; `workbench.telemetry.grad_sync`); 0 with dp = 1 or telemetry off."""
+    dilation: float | None = None
+    """Under an emulated cluster: the time dilation the step's collectives were paced with (its times divided
+    by it are the cluster's); None when they were not paced (no cluster, or its dilation still being measured)."""
 
 
 @dataclass(frozen=True, slots=True)
