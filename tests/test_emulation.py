@@ -9,6 +9,7 @@ import pytest
 
 from workbench import hardware, links
 from workbench.config import Config, ModelConfig
+from workbench.estimate import estimate
 from workbench.emulation import Cluster, status_line
 from workbench.emulation.cluster import (REAL_BUS_BANDWIDTH, dilation_from_steps, emulation_for, fit_real,
                                          group_lines, measured_dilation, target_compute_s)
@@ -94,8 +95,6 @@ def test_the_targets_compute_is_the_estimators_for_the_ranks_stage():
     """One model of the target's compute: the dilation divides by what the estimator predicts for the rank's
     pipeline stage on the cluster's GPU (pp is the mesh's outermost axis: ranks 0-1 hold stage 0 of pp=2 × dp=2),
     or by the step's FLOPs at a stated efficiency."""
-    from workbench.estimate import estimate
-
     cfg = Config(model=ModelConfig(dim=64, n_layers=4, n_heads=2), batch_size=8, seq_len=64, pp=2, dp=2,
                  micro_batches=4, schedule="1f1b")
     cluster = Cluster("a100-ib", nodes=2)
@@ -127,3 +126,32 @@ def test_the_dashboard_header_carries_the_links_line():
 
     assert "EMULATED cluster h100-25gbe: 2 nodes" in _links_line(Bench())
     assert _links_line(object()) == ""  # a fake without the property shows nothing
+
+
+def test_the_prediction_runs_the_pipeline_in_time_with_each_hop_on_the_links():
+    """pp=2 1F1B: the prediction's bubble is the schedule run in time with every hop priced by the link model, so
+    a slower network between the stages widens it; the ranks record each send and each receive."""
+    from workbench.emulation.predict import predicted
+
+    cfg = Config(model=ModelConfig(dim=64, n_layers=2, n_heads=2), batch_size=8, seq_len=64, pp=2,
+                 micro_batches=4, schedule="1f1b")
+    ib, eth = (Cluster(target, nodes=2).for_world(2).topology for target in ("h100-ib", "h100-25gbe"))
+    over_ib, over_eth = predicted(cfg, ib), predicted(cfg, eth)
+    assert over_ib.collectives == 2 * 4 + 1  # 4 sends, 4 receives, the step's vote
+    assert 1 / 5 < over_ib.bubble < over_eth.bubble  # above the formula (p-1)/(m+p-1): each hop costs
+    assert over_ib.exposed_s < over_eth.exposed_s
+    assert over_ib.compute_s == over_eth.compute_s
+
+
+def test_the_prediction_says_what_fsdp_hides_on_gpus_and_not_here():
+    """FSDP2 overlaps its gathers and reduce-scatters through CUDA streams; on CPU ranks each one blocks: priced
+    without the overlap, ZeRO-3's exposed communication is its whole traffic plus the vote."""
+    from workbench.emulation.predict import VOTE_BYTES, predicted
+
+    cfg = Config(model=ModelConfig(dim=64, n_layers=2, n_heads=2), batch_size=8, seq_len=64, dp=2, zero=3)
+    topology = Cluster("h100-ib", nodes=2).for_world(2).topology
+    gpu, cpu = predicted(cfg, topology), predicted(cfg, topology, fsdp_overlaps=False)
+    whole = sum(c.calls * links.collective_time(c.kind, c.bytes / c.calls, (0, 1), topology)
+                for c in estimate(cfg, "h100").stages[0].comm)
+    assert cpu.exposed_s == pytest.approx(whole + links.collective_time("all_reduce", VOTE_BYTES, (0, 1), topology))
+    assert gpu.exposed_s < 0.8 * cpu.exposed_s

@@ -323,6 +323,17 @@ def test_simulate_holds_a_pairs_output_until_its_partner_is_done():
     assert spans["1F1"] == (4.0, 5.0)  # free to start once rank 1 is
 
 
+def test_simulate_pays_a_transfer_on_every_hop_between_ranks():
+    # 1F1B on 2 ranks, one micro-batch: the activation crosses once forward, its gradient once backward.
+    F, B, t = 1.0, 2.0, 0.25
+    orders = rank_orders("1f1b", 2, 1)
+    spans = {str(a): (start, end) for row in simulate(orders, Durations(F, B, 0, 0), transfer=t).spans
+             for a, start, end in row}
+    assert spans["1F0"] == (F + t, 2 * F + t) and spans["1B0"] == (2 * F + t, 2 * F + t + B)
+    assert spans["0B0"] == (2 * F + B + 2 * t, 2 * F + 2 * B + 2 * t)  # its own forward needs no hop
+    assert simulate(orders, Durations(F, B, 0, 0), transfer=t).makespan == 2 * (F + B + t)
+
+
 def test_simulate_refuses_a_deadlock():
     with pytest.raises(ValueError, match="deadlock"):
         simulate([[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0), Action(1, "F", 0)]], BALANCED)

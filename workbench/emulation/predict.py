@@ -3,9 +3,17 @@
 The prediction is the estimator's own traffic and overlap accounting (`wb.estimate(cfg, topology.gpu)`: which
 collectives, how many calls and bytes, what each hides behind) with every collective priced by the link model on
 the emulated topology: time = calls × links.collective_time(kind, bytes per call, the axis's ranks, topology),
-exposed = max(0, time − what the estimator hides it behind). A bridge: the estimator on main prices a collective
-as bytes over the NVLink bandwidth with no latency; once it prices them with `workbench.links` itself (issue 18),
-its own figures replace `predicted`.
+exposed = max(0, time − what the estimator hides it behind). The estimator itself places ranks on its hardware
+profile's own cluster; here they stand on the emulated one (nodes of one GPU across a network, say).
+
+Two things the estimator folds into its step are laid out here as the ranks measure them:
+- a pipeline's span comes from its schedule run in time (`workbench.schedules.simulate`), each stage's forward and
+  backward of a micro-batch from the estimate and each hop between stages priced by the link model, so the
+  bubble and the sends on its critical path are what a rank waits for, as the measured bubble counts them;
+- `fsdp_overlaps=False` prices a run whose FSDP2 gathers and reduce-scatters hide nothing: FSDP2 overlaps them
+  with compute through CUDA streams, issued synchronously from the CPU; on a CPU rank there are no streams and
+  each one blocks the training thread (`torch.distributed.fsdp`'s unshard and reduce paths). That is where the
+  emulation on this machine stops standing for a GPU, and the bench prints both.
 
 The trainer's one world all-reduce per step (the loss and the ranks' votes) is added: the estimator does not count
 it, and on a small step its latency is a large share.
@@ -18,6 +26,8 @@ from dataclasses import dataclass, replace
 from workbench import hardware, links
 from workbench.config import Config
 from workbench.emulation.cluster import step_compute_s
+from workbench.estimate.records import Estimate, Role
+from workbench.schedules import Durations, config_stages, placement, rank_orders, simulate, stage_rank
 
 VOTE_BYTES = 4 * 6
 """The trainer's per-step all-reduce: loss, weight, found_inf, stop, skip, oom as fp32 (MoE adds its counts)."""
@@ -25,11 +35,13 @@ VOTE_BYTES = 4 * 6
 
 @dataclass(frozen=True)
 class StepFigures:
-    """Compute and exposed communication of one step in seconds on the target, and the collectives it ran."""
+    """Compute and exposed communication of one step in seconds on the target, the collectives it ran, and under
+    pipeline parallelism its bubble (the pipeline's idle fraction; None without one)."""
 
     compute_s: float
     exposed_s: float
     collectives: int
+    bubble: float | None = None
 
 
 def _mesh(cfg: Config) -> list[tuple[str, int]]:
@@ -45,9 +57,13 @@ def axis_ranks(cfg: Config, axis: str) -> tuple[int, ...]:
     return group[:2] if axis == "pp" else group
 
 
-def predicted(cfg: Config, topology: links.Topology) -> StepFigures:
-    """The prediction on the topology's GPUs for the stage with the most exposed communication (its compute
-    without the bubble)."""
+FSDP_ROLES = (Role.PARAMETER_GATHER, Role.GRADIENT_SYNC)
+
+
+def predicted(cfg: Config, topology: links.Topology, fsdp_overlaps: bool = True) -> StepFigures:
+    """The prediction on the topology's GPUs: the busiest stage's compute (without the bubble), the largest exposed
+    communication of any stage (under pp: all of a stage's step that is not its own compute, the bubble and the
+    sends it waits for included), and the pipeline's bubble."""
     from workbench.estimate import estimate
 
     gpu = topology.gpu
@@ -55,17 +71,44 @@ def predicted(cfg: Config, topology: links.Topology) -> StepFigures:
     # With a link of 1 B/s every collective's exposed time is its time less what hides it: that is the hiding.
     slow = estimate(cfg, replace(hardware.profile(gpu), link_bw=1.0))
     vote = links.collective_time("all_reduce", VOTE_BYTES, tuple(range(cfg.world_size)), topology)
-    best = StepFigures(0.0, -1.0, 0)
+    span, bubble = _pipeline(cfg, est, topology) if cfg.pp > 1 else (0.0, None)
+    exposed_most, calls_most = -1.0, 0
     for stage, slow_stage in zip(est.stages, slow.stages):
         exposed, calls = vote, 1
         for c, s in zip(stage.comm, slow_stage.comm):
+            calls += c.calls
+            if c.role is Role.PIPELINE:
+                calls += c.calls  # a stage receives as many as it sends; the ranks record both
+                continue  # their time is in the pipeline's span
             kind = "send" if c.kind == "send_recv" else c.kind
             seconds = c.calls * links.collective_time(kind, c.bytes / c.calls, axis_ranks(cfg, c.axis), topology)
-            exposed += max(0.0, seconds - (s.time_s - s.exposed_s))
-            calls += c.calls
-        if exposed > best.exposed_s:
-            best = StepFigures(stage.compute_s, exposed, calls)
-    return best
+            blocking = not fsdp_overlaps and cfg.zero >= 2 and c.axis == "dp" and c.role in FSDP_ROLES
+            exposed += seconds if blocking else max(0.0, seconds - (s.time_s - s.exposed_s))
+        if cfg.pp > 1:
+            exposed += span + _optimizer_s(est) - stage.compute_s
+        if exposed > exposed_most:
+            exposed_most, calls_most = exposed, calls
+    return StepFigures(max(s.compute_s for s in est.stages), exposed_most, calls_most, bubble)
+
+
+def _optimizer_s(est: Estimate) -> float:
+    return max(dict(s.compute_split).get("optimizer", 0.0) for s in est.stages)
+
+
+def _pipeline(cfg: Config, est: Estimate, topology: links.Topology) -> tuple[float, float]:
+    """The pipeline's span (its forwards and backwards; the optimizer step after it is not in it) and its bubble,
+    by the schedule run in time: a stage's micro-batch takes its estimated compute, a third forward and two thirds
+    backward (a split backward: half each), and every hop takes a send of the stage's boundary on the link model."""
+    chunks = config_stages(cfg)
+    per_rank = [(s.compute_s - dict(s.compute_split).get("optimizer", 0.0)) / cfg.micro_batches / chunks
+                for s in est.stages]
+    durations = [Durations.split(t / 3, t / 3, t / 3) for t in per_rank]
+    send = next(c for c in est.stages[0].comm if c.role is Role.PIPELINE)
+    hop = links.collective_time("send", send.bytes / send.calls, axis_ranks(cfg, "pp"), topology)
+    style = placement(cfg.schedule)
+    timeline = simulate(rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, chunks),
+                        lambda a: durations[stage_rank(a.stage, cfg.pp, style)].of(a), chunks, hop)
+    return timeline.makespan, sum(timeline.idle_per_rank) / cfg.pp / timeline.makespan
 
 
 def undilated(histories: list) -> list[list[StepFigures]]:

@@ -9,8 +9,9 @@ Three views of one quantity, so each can be checked against the others:
   counts stages, not ranks). tests/test_schedules.py holds each equal to
   `simulate` of torch's own order when every stage takes the same time.
 - `simulate(orders, durations)`: the schedule's actions placed in time, each
-  as early as its rank and its dependencies allow (no communication time);
-  its `idle_per_rank` is the bubble that order costs with those durations.
+  as early as its rank and its dependencies allow (a hop between ranks takes
+  a given transfer time, or none); its `idle_per_rank` is the bubble that
+  order costs with those durations.
 - `measured_bubble(intervals)`: idle time per rank from timed intervals.
 """
 
@@ -104,16 +105,19 @@ class Timeline:
 
 
 def simulate(orders: Sequence[Sequence[Action]], duration: Durations | Callable[[Action], float],
-             stages_per_rank: int = 1) -> Timeline:
+             stages_per_rank: int = 1, transfer: float = 0.0) -> Timeline:
     """Run each rank's ordered actions in time: an action starts when its rank is free and what it needs is done.
 
     `duration` is a `Durations` or any function of the action (e.g. measured
-    per stage). Communication takes no time. Raises ValueError on a deadlock.
+    per stage). `transfer`: the time what one rank produces (an activation, its
+    gradient) takes to reach another rank; 0, communication takes no time.
+    Raises ValueError on a deadlock.
     """
     cost = duration.of if isinstance(duration, Durations) else duration
     pp = len(orders)
     last_stage = pp * stages_per_rank - 1
     finished: dict[Key, float] = {}
+    made_on: dict[Key, int] = {}
     held: list[Action | None] = [None] * pp  # a paired action whose product waits for its partner's end
     free = [0.0] * pp
     cursor = [0] * pp
@@ -127,16 +131,16 @@ def simulate(orders: Sequence[Sequence[Action]], duration: Durations | Callable[
                 deps = needs(action, last_stage)
                 if not all(k in finished for k in deps):
                     break
-                start = max([free[r], *(finished[k] for k in deps)])
+                start = max([free[r], *(finished[k] + (transfer if made_on[k] != r else 0.0) for k in deps)])
                 end = start + cost(action)
                 spans[r].append((action, start, end))
                 free[r] = end
                 if action.paired:
                     held[r] = action
                 else:
-                    finished[produces(action)] = end
+                    finished[produces(action)], made_on[produces(action)] = end, r
                     if held[r] is not None:
-                        finished[produces(held[r])] = end
+                        finished[produces(held[r])], made_on[produces(held[r])] = end, r
                         held[r] = None
                 cursor[r] += 1
                 remaining -= 1
