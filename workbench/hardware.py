@@ -56,14 +56,14 @@ class Hardware:
         """The share of its rated-power rate a power-bound kernel (GEMMs, flash attention) keeps under
         `power_limit_w`, 1 at the rating: the rate in proportion to the power limit.
 
-        Why: tensor-core GEMMs already run at the board's power limit at the rating (a large bf16 GEMM reaches ~80%
-        of the datasheet peak, GEMM_EFFICIENCY, because the clock drops to hold the limit); under a lower limit the
-        clock drops further, and dynamic power (α·C·V²·f) at a voltage already at the floor of its range falls in
-        proportion to the clock. Measured: cuBLAS GEMM on a GB300 capped at 500 W ran ~617 TFLOP/s against
-        1,600-2,174 at its rated 1,400 W (facebookexperimental/triton PR 2023, Meta's benchmark denoising script):
-        0.28-0.39 of the rate at 0.36 of the power. Memory-bound kernels are not scaled: they draw well under the
-        limit and run at the memory's own clock. Checked on published runs outside the test cases: torchtitan's
-        June 2025 async-TP runs on the same 500 W H100s (tests/test_published.py HELD_OUT)."""
+        Why: a large tensor-core GEMM is the most power-hungry thing a GPU runs and draws up to the board's limit;
+        under a lower limit the GPU holds it by lowering the clock, and dynamic power (α·C·V²·f), at a voltage
+        already at the floor of its range, falls in proportion to the clock, so the rate falls with the power.
+        Measured: cuBLAS GEMM on a GB300 capped at 500 W ran ~617 TFLOP/s against 1,600-2,174 at its rated 1,400 W
+        (facebookexperimental/triton PR 2023, Meta's benchmark denoising script): 0.28-0.39 of the rate at 0.36 of
+        the power. Memory-bound kernels are not scaled: they draw well under the limit and run at the memory's own
+        clock. Checked on published runs outside the test cases: torchtitan's June 2025 async-TP runs and its 2024
+        context-parallel table on the same 500 W H100s (tests/test_published.py HELD_OUT)."""
         if not self.rated_power_w or not self.power_limit_w:
             return 1.0
         return min(1.0, self.power_limit_w / self.rated_power_w)
@@ -96,10 +96,11 @@ GEMM_EFFICIENCY = 790 / 989.5
 whose dense bf16 peak is the H100 SXM's 989.5: the fraction of peak a large GEMM reaches, for every GPU profile.
 Smaller or oddly shaped GEMMs lose more (the estimator's wave quantization and memory roofline)."""
 FLASH_ATTENTION_H100 = 3.5 / (1 / 284.1 + 2.5 / 287.1) / 989.5
-"""FlashAttention-2 forward + backward on an H100 at the shape the Llama runs use, causal, head dim 128, sequence
+"""FlashAttention-2 forward + backward on Hopper at the shape the Llama runs use, causal, head dim 128, sequence
 8192: 284.1 TFLOP/s forward and 287.1 backward, as flash-attention's hopper/benchmark_attn.py printed them in
 Dao-AILab/flash-attention PR 1791 (2025-07-31, "ABI stable fa3", the main branch's "Fav2" rows; causal FLOPs half
-the square, the backward 2.5 forwards): 286 TFLOP/s together, 29% of the dense bf16 peak. torch's SDPA flash
+the square, the backward 2.5 forwards): 286 TFLOP/s together, 29% of the dense bf16 peak. The PR does not name
+the GPU; its FlashAttention-3 rows (630 TFLOP/s forward, causal) are H100 SXM5-class figures. torch's SDPA flash
 backend is FlashAttention-2. The same run's non-causal rows (370 and 291 TFLOP/s, 310 together) sit under the
 FlashAttention-2 paper's best H100 figure, "up to 335 TFLOP/s" (Dao 2023, arXiv 2307.08691, section 4.1), which
 is a larger, non-causal shape."""
