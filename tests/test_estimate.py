@@ -328,6 +328,28 @@ def test_datasheet_profiles():
         profile("tpu")
 
 
+def test_power_limit_slows_power_bound_kernels_only():
+    # torchtitan's H100s: the 700 W SXM part run at 500 W. GEMMs and flash attention (power bound) run at 500/700 of
+    # their rate; a memory-bound kernel does not change; a profile at its rating (or above it) is not scaled.
+    import dataclasses
+
+    from workbench.estimate.kernels import attention_time, gemm_time, memory_time
+    from workbench.hardware import H100_96GB
+
+    assert H100_96GB.peak_flops == H100.peak_flops and H100_96GB.power_scale == pytest.approx(500 / 700)
+    assert H100.power_scale == H200.power_scale == A100.power_scale == 1.0
+    assert dataclasses.replace(H100, power_limit_w=800).power_scale == 1.0
+    rated = dataclasses.replace(H100_96GB, power_limit_w=0.0)
+    big = (16384, 14336, 4096, 2)
+    assert gemm_time(H100_96GB, "bf16", *big) == pytest.approx(gemm_time(rated, "bf16", *big) * 700 / 500)
+    assert attention_time(H100_96GB, "bf16", 1e12) == pytest.approx(attention_time(rated, "bf16", 1e12) * 700 / 500)
+    assert memory_time(H100_96GB, 1e9) == memory_time(rated, 1e9)
+    # A GEMM that is memory bound (one row) keeps its time: the roofline's memory side is not power bound.
+    thin = (1, 14336, 4096, 2)
+    assert gemm_time(H100_96GB, "bf16", *thin) == gemm_time(rated, "bf16", *thin)
+    assert "500 W of its rated 700 W" in str(H100_96GB) and " W" not in str(H100).split("link")[1]
+
+
 def test_cpu_profile_is_measured():
     cpu = measure_cpu(budget_s=0.05)
     assert cpu.measured and cpu.name == "cpu"

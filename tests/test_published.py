@@ -1,9 +1,12 @@
 """The estimator held to published runs: memory and throughput within 10%, FLOPs within 1%.
 
 Each case names its source and conditions. Guard against tuning: every constant of the GPU model is cited in
-the code (hardware.py, estimate/kernels.py, estimate/allocator.py) and was set before these cases were run; the
-cases in HELD_OUT were run only after, as they came, and are reported rather than fitted (test_held_out_runs
-prints them and bounds them loosely). torch.compile and Float8 are the engine's own (Config.compile,
+the code (hardware.py, estimate/kernels.py, estimate/allocator.py), none is fitted to a case. The throughput cases
+were 15-36% optimistic until the 500 W power limit of torchtitan's H100s was modelled as a power limit on the 700 W
+part (`Hardware.power_scale`) and FlashAttention-2 priced at a measurement of the runs' own shape (hardware.py);
+those two changes were then checked on published runs not in TORCHTITAN (HELD_OUT: the 2024 file's 128-GPU and
+context-parallel tables, torchtitan's 2025 async-TP file, an H200 and an A100 run), reported rather than fitted
+(test_held_out_runs prints them and bounds them loosely). torch.compile and Float8 are the engine's own (Config.compile,
 precision "fp8_tensorwise"); where a published setting needs a feature the engine lacks (a compiled loss, loss
 parallel, Float8 under tensor parallel), the estimate models it as an option (`Features`), said in the case.
 
@@ -22,6 +25,7 @@ Sources:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,10 +49,13 @@ class Run:
 
 
 def _llama(preset: str, gpus: int, local_batch: int, recompute: str, tp: int = 1, *, compile: bool = False,
-           precision: str = "bf16") -> wb.Config:
-    return wb.Config(model=wb.ModelConfig.preset(preset), dp=gpus // tp, tp=tp, zero=3, precision=precision,
-                     mixed_precision="fsdp", activation_checkpointing=recompute, seq_len=8192,
-                     batch_size=local_batch * gpus // tp, compile=compile)
+           precision: str = "bf16", seq_len: int = 8192) -> wb.Config:
+    model = wb.ModelConfig.preset(preset)
+    if seq_len > model.max_seq_len:
+        model = dataclasses.replace(model, max_seq_len=seq_len)
+    return wb.Config(model=model, dp=gpus // tp, tp=tp, zero=3, precision=precision, mixed_precision="fsdp",
+                     activation_checkpointing=recompute, seq_len=seq_len, batch_size=local_batch * gpus // tp,
+                     compile=compile)
 
 
 FP8 = "fp8_tensorwise"  # torchtitan's Float8 default: dynamic tensorwise scaling, the float8 FSDP all-gather
@@ -78,6 +85,22 @@ HELD_OUT = (
     # torchtitan docs/performance.md before Dec 2024 (commit d4c86e3): 64 A100 80 GB, Llama 3 8B, local batch 1,
     # selective op AC: 2,973 tokens/s/GPU (no memory figure).
     Run("8B FSDP 64 on A100", _llama("8b", 64, 1, "op"), "a100", Features(), 2973, None),
+    # The Dec 2024 file's Table 2, context parallel 1: 8B, 8 GPUs, sequence 32768, local batch 1, full AC, compile +
+    # Float8: 3,890 tokens/s/GPU, 83.9 GiB.
+    Run("8B FSDP 8 seq 32768 + compile + Float8", _llama("8b", 8, 1, "full", compile=True, precision=FP8,
+                                                          seq_len=32768), "h100-96gb", Features(), 3890, 83.9),
+    # torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (the same 500 W Grand Teton H100s, June 2025),
+    # the vanilla-TP column: 70B on 256 GPUs, FSDP 32 × TP 8, compile, full AC, local batch 16, bf16 597.3 and
+    # Float8 tensorwise 809.8 tokens/s/GPU; 8B on 64 GPUs, FSDP 8 × TP 8, compile, per-op SAC, local batch 12, bf16
+    # 4,378 and Float8 tensorwise 5,078.1 (no memory figures). Loss parallel is torchtitan's default with TP.
+    Run("70B FSDP 32 × TP 8 + compile, bf16 (2025)", _llama("70b", 256, 16, "full", tp=8, compile=True),
+        "h100-96gb", Features(loss_parallel=True), 597.3, None),
+    Run("70B FSDP 32 × TP 8 + compile + Float8 (2025)", _llama("70b", 256, 16, "full", tp=8, compile=True),
+        "h100-96gb", Features(float8_tp=True, loss_parallel=True), 809.8, None),
+    Run("8B FSDP 8 × TP 8 + compile, bf16 (2025)", _llama("8b", 64, 12, "op", tp=8, compile=True), "h100-96gb",
+        Features(loss_parallel=True), 4378, None),
+    Run("8B FSDP 8 × TP 8 + compile + Float8 (2025)", _llama("8b", 64, 12, "op", tp=8, compile=True), "h100-96gb",
+        Features(float8_tp=True, loss_parallel=True), 5078.1, None),
 )
 
 
@@ -95,16 +118,9 @@ def test_torchtitan_memory(run):
     assert est.fits  # the planner must accept what ran
 
 
-# Measured before merging (the model's constants unchanged since): +35.9%, +35.8%, +15.2%, +14.9%. The GPU model
-# is optimistic on these 500 W H100s: its GEMM rate is an H200 (700 W) microbenchmark's and its attention rate
-# FlashAttention-2's best figure; held-out runs on A100 (+11%) and H200 (+22%) say the same, less so.
-_THROUGHPUT_MISSES = {"8B FSDP", "8B FSDP + compile", "8B FSDP + compile + Float8",
-                      "70B FSDP 32 × TP 8 + compile + Float8"}
-
-
-@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.xfail(
-    r.name in _THROUGHPUT_MISSES, strict=True, reason="the GPU model is 15-36% optimistic on 500 W H100s"))
-    for r in TORCHTITAN], ids=lambda r: r.name)
+# Before the power model (issue 18's last gap) these were +35.9%, +35.8%, +15.2%, +14.9%: the model priced these
+# 500 W H100s as 700 W parts with a lower peak. Now: +8.4%, +5.0%, -6.0%, -2.5% (README, estimator section).
+@pytest.mark.parametrize("run", TORCHTITAN, ids=lambda r: r.name)
 def test_torchtitan_throughput(run):
     est = wb.estimate(run.cfg, run.hardware, features=run.features)
     predicted = est.tokens_per_s / run.cfg.world_size
@@ -129,17 +145,18 @@ def test_torchtitan_flops_per_token():
 
 @pytest.mark.parametrize("run", HELD_OUT, ids=lambda r: r.name)
 def test_held_out_runs(run):
-    # Checked after the model was set, reported as they came (README); bounded loosely here so a regression
-    # shows: measured +2% to +19% on memory, +11% to +41% on throughput.
+    # Reported as they came (README), not fitted; bounded loosely here so a regression shows. With the power model:
+    # -10% to +16% on throughput (the 500 W H100 runs -10% to +12%), -5% to +19% on memory.
     est = wb.estimate(run.cfg, run.hardware, features=run.features)
     tps = est.tokens_per_s / run.cfg.world_size
     print(f"{run.name}: {tps:,.0f} tokens/s/GPU vs {run.tokens_per_s_per_gpu:,} "
           f"({_error(tps, run.tokens_per_s_per_gpu):+.1%})", end="")
-    assert 0.9 < tps / run.tokens_per_s_per_gpu < 1.5
+    assert 0.85 < tps / run.tokens_per_s_per_gpu < 1.25
     if run.memory_gib is not None:
         gib = est.memory.reserved / GiB
-        print(f"; {gib:.1f} GiB vs {run.memory_gib} ({_error(gib, run.memory_gib):+.1%})")
+        print(f"; {gib:.1f} GiB vs {run.memory_gib} ({_error(gib, run.memory_gib):+.1%})", end="")
         assert 0.9 < gib / run.memory_gib < 1.25
+    print()
 
 
 # --- model states: ZeRO's paper and DeepSpeed's estimators -------------------------------------------------

@@ -45,6 +45,28 @@ class Hardware:
     cluster: str = "h100-ib"
     """The `workbench.links` preset of the nodes these devices sit in (links inside a node and between)."""
     gpus_per_node: int = 8
+    rated_power_w: float = 0.0
+    """The board power the datasheet rates the device at (its maximum TDP), watts: the power at which its GEMM and
+    attention fractions of peak hold; 0: not stated (no power model)."""
+    power_limit_w: float = 0.0
+    """The board power limit the device runs under, watts, where it is set below the rating; 0: the rating."""
+
+    @property
+    def power_scale(self) -> float:
+        """The share of its rated-power rate a power-bound kernel (GEMMs, flash attention) keeps under
+        `power_limit_w`, 1 at the rating: the rate in proportion to the power limit.
+
+        Why: a large tensor-core GEMM is the most power-hungry thing a GPU runs and draws up to the board's limit;
+        under a lower limit the GPU holds it by lowering the clock, and dynamic power (α·C·V²·f), at a voltage
+        already at the floor of its range, falls in proportion to the clock, so the rate falls with the power.
+        Measured: cuBLAS GEMM on a GB300 capped at 500 W ran ~617 TFLOP/s against 1,600-2,174 at its rated 1,400 W
+        (facebookexperimental/triton PR 2023, Meta's benchmark denoising script): 0.28-0.39 of the rate at 0.36 of
+        the power. Memory-bound kernels are not scaled: they draw well under the limit and run at the memory's own
+        clock. Checked on published runs outside the test cases: torchtitan's June 2025 async-TP runs and its 2024
+        context-parallel table on the same 500 W H100s (tests/test_published.py HELD_OUT)."""
+        if not self.rated_power_w or not self.power_limit_w:
+            return 1.0
+        return min(1.0, self.power_limit_w / self.rated_power_w)
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s at `precision`; refuses one the device has no figure for. An fp8 recipe
@@ -63,17 +85,25 @@ class Hardware:
     def __str__(self) -> str:
         flops = ", ".join(f"{p} {si(v, 'FLOP/s')}" for p, v in self.peak_flops.items())
         how = "measured" if self.measured else "datasheet"
+        power = (f"; run at {self.power_limit_w:.0f} W of its rated {self.rated_power_w:.0f} W"
+                 if self.power_scale < 1 else "")
         return (f"{self.name} ({how}): {flops}; {si(self.memory_bytes, 'B')} at {si(self.mem_bw, 'B/s')}; "
-                f"link {si(self.link_bw, 'B/s')}")
+                f"link {si(self.link_bw, 'B/s')}{power}")
 
 
 GEMM_EFFICIENCY = 790 / 989.5
 """A bf16 8192³ matmul measured at ~790 TFLOP/s on this project's lent H200 (shared/FACTS.md, "The GPU machine"),
 whose dense bf16 peak is the H100 SXM's 989.5: the fraction of peak a large GEMM reaches, for every GPU profile.
 Smaller or oddly shaped GEMMs lose more (the estimator's wave quantization and memory roofline)."""
-FLASH_ATTENTION_H100 = 335 / 989.5
-"""Dao 2023, "FlashAttention-2" (arXiv 2307.08691), section 4.1: forward + backward reaches up to 335 TFLOP/s
-on an H100 SXM5 (head dim 128, causal counted as half the square); torch's SDPA flash backend is FlashAttention-2."""
+FLASH_ATTENTION_H100 = 3.5 / (1 / 284.1 + 2.5 / 287.1) / 989.5
+"""FlashAttention-2 forward + backward on Hopper at the shape the Llama runs use, causal, head dim 128, sequence
+8192: 284.1 TFLOP/s forward and 287.1 backward, as flash-attention's hopper/benchmark_attn.py printed them in
+Dao-AILab/flash-attention PR 1791 (2025-07-31, "ABI stable fa3", the main branch's "Fav2" rows; causal FLOPs half
+the square, the backward 2.5 forwards): 286 TFLOP/s together, 29% of the dense bf16 peak. The PR does not name
+the GPU; its FlashAttention-3 rows (630 TFLOP/s forward, causal) are H100 SXM5-class figures. torch's SDPA flash
+backend is FlashAttention-2. The same run's non-causal rows (370 and 291 TFLOP/s, 310 together) sit under the
+FlashAttention-2 paper's best H100 figure, "up to 335 TFLOP/s" (Dao 2023, arXiv 2307.08691, section 4.1), which
+is a larger, non-causal shape."""
 FLASH_ATTENTION_A100 = 0.50
 """Dao 2023, "FlashAttention-2", abstract: 50-73% of the A100's peak; forward + backward sits at the low end
 (the backward pass is the less efficient one), so the low end is taken."""
@@ -105,25 +135,25 @@ H100 = Hardware(
     link_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional per GPU
     measured=False,
     attention_efficiency=FLASH_ATTENTION_H100,
+    rated_power_w=700,  # the datasheet's "Max thermal design power (TDP): Up to 700W (configurable)"
 )
-
-# The H100 NVL datasheet (same page, NVL column): BF16 1,671 and FP8 3,341 TFLOP/s with sparsity, TF32 835,
-# FP32 60: dense bf16 835.5.
-_H100_NVL_DENSE = {"fp32": 60 * TFLOPS, "tf32": 417.5 * TFLOPS, "bf16": 835.5 * TFLOPS, "fp16": 835.5 * TFLOPS,
-                   "fp8": 1670.5 * TFLOPS}
 
 H100_96GB = Hardware(
     # The H100s of Meta's Grand Teton hosts that torchtitan's published runs used (torchtitan
-    # benchmarks/llama3_h100_202412_torchtitan.md): 96 GB of HBM2e at 2.4 TB/s, a 500 W power limit, 8 per host
-    # on NVLink, 400 Gb/s RDMA per GPU between hosts. Its footnote: "the actual peak TFLOPs number is between SXM
-    # and NVL, and we don't know its exact value" -- so the midpoint of the two datasheets' dense figures.
+    # benchmarks/llama3_h100_202412_torchtitan.md): SXM H100s with 96 GB of HBM2e at 2.4 TB/s, 8 per host on
+    # NVLink, 400 Gb/s RDMA per GPU between hosts, run at "the default 500W power limit, although tuning it up to
+    # 700W TDP can potentially provide further speedups". The SXM5 part's datasheet peaks (its footnote: "the
+    # actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value"); the 500 W limit is
+    # modelled as what it is, a power limit on the 700 W part (`Hardware.power_scale`), not as a lower peak.
     name="h100-96gb",
-    peak_flops={k: (v + _H100_NVL_DENSE[k]) / 2 for k, v in H100.peak_flops.items()},
+    peak_flops=dict(H100.peak_flops),
     memory_bytes=96 * GB,
     mem_bw=2.4 * TB,
     link_bw=450 * GB,
     measured=False,
     attention_efficiency=FLASH_ATTENTION_H100,
+    rated_power_w=700,
+    power_limit_w=500,
 )
 
 H200 = Hardware(
@@ -136,6 +166,7 @@ H200 = Hardware(
     link_bw=450 * GB,
     measured=False,
     attention_efficiency=FLASH_ATTENTION_H100,
+    rated_power_w=700,  # "Max TDP: Up to 700W (configurable)"
 )
 
 A100 = Hardware(
@@ -151,6 +182,7 @@ A100 = Hardware(
     sms=108,
     attention_efficiency=FLASH_ATTENTION_A100,
     cluster="a100-ib",
+    rated_power_w=400,  # the 80GB SXM's "Max TDP Power: 400W"
 )
 
 DATASHEETS: dict[str, Hardware] = {h.name: h for h in (H100, H100_96GB, H200, A100)}

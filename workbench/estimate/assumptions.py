@@ -53,9 +53,11 @@ GPU_ASSUMPTIONS = (
     "device memory: the caching allocator reserves its peak plus 15% free fragments (GMLake, ASPLOS 2024); the "
     "CUDA context (~0.5 GiB) and NCCL's buffers (2 × 16 channels × 4 MiB per communicator) sit outside it",
     "compute: every GEMM by shape (wave quantization over the SMs, a memory roofline) at the large-GEMM rate "
-    "measured on an H200 (790 of 989.5 TFLOP/s); flash attention at FlashAttention-2's published fraction of "
-    "peak; norms, rotary, activations, casts, the loss, FSDP2's copies and AdamW by the bytes they move at 90% "
-    "of HBM bandwidth; kernel launches and the host are taken to keep up",
+    "measured on an H200 (790 of 989.5 TFLOP/s); flash attention at FlashAttention-2's measured rate for causal "
+    "head-dim-128 sequences of 8192 on an H100 (286 TFLOP/s); under a power limit below the rating (the 500 W "
+    "h100-96gb) both in proportion to the power, memory-bound kernels not; norms, rotary, activations, casts, the "
+    "loss, FSDP2's copies and AdamW by the bytes they move at 90% of HBM bandwidth; kernel launches and the host "
+    "are taken to keep up",
     "communication: every collective priced by workbench.links (NVLink inside a node, the network between, "
     "ranks in mesh order); FSDP2's gathers and reduce-scatters hide behind their neighbouring unit's compute "
     "(the first gather and the last reduce-scatter exposed); DDP's all-reduce behind the last backward; tensor "

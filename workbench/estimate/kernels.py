@@ -5,8 +5,10 @@ One model for every GPU profile and every layout, its constants cited here and i
   Guide, "Matrix Multiplication Background": tile and wave quantization); a wave that is not full wastes the
   idle SMs' share. Its time is the larger of its FLOPs at the profile's large-GEMM rate over that wave
   efficiency, and its bytes (A, B and C once) at the memory's streaming rate (the roofline);
-- flash attention at the profile's measured fraction of peak (FlashAttention-2's own figures), causal FLOPs
+- flash attention at the profile's measured fraction of peak (FlashAttention-2 measured), causal FLOPs
   counted as half the square and the backward as 2.5 forwards, as the FlashAttention papers count them;
+- both are power bound: under a power limit below the device's rating they run at `Hardware.power_scale` of
+  their rate (torchtitan's 500 W H100s);
 - everything else (norms, rotary, activations, residual adds, casts, the loss, the optimizer) is memory bound:
   the bytes it reads and writes at the memory's streaming rate.
 """
@@ -54,7 +56,8 @@ def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: 
     """Seconds of an (m × k) · (k × n) GEMM at `precision` whose operands take `elem_bytes` each."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    return _gemm(hw.peak(precision) * min(1.0, _intrinsic(hw)), hw.sms, hw.mem_bw, m, n, k, elem_bytes)
+    rate = hw.peak(precision) * min(1.0, _intrinsic(hw)) * hw.power_scale
+    return _gemm(rate, hw.sms, hw.mem_bw, m, n, k, elem_bytes)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,7 +89,7 @@ def attention_forward_flops(queries: int, seq_len: int, heads: int, head_dim: in
 def attention_time(hw: Hardware, precision: str, forward_flops: float, forwards: int = 1,
                    backward: bool = True) -> float:
     """Seconds of `forwards` flash-attention forwards (a recomputation is one more) and, if asked, a backward."""
-    rate = hw.peak(precision) * (hw.attention_efficiency or _intrinsic(hw))
+    rate = hw.peak(precision) * (hw.attention_efficiency or _intrinsic(hw)) * hw.power_scale
     return forward_flops * (forwards + (FLASH_BACKWARD_RATIO if backward else 0)) / rate
 
 
