@@ -5,8 +5,9 @@
   3. a 2-stage 1F1B pipeline across two nodes vs inside one: its bubble and its exposed send/recv.
 
 Each layout's time dilation is measured from its own uncompressed steps (this rank's compute over the H100's
-time for the same FLOPs at 40% MFU) and then held fixed for its variants, so the quantisers' CPU time does not
-move it. Step times are medians after a warm-up; undilated = measured / dilation, what the H100s would take.
+time for the same FLOPs at 40% MFU: the small model stands for a large run, which reaches that, where the
+estimator's kernel model would rightly say a 64-wide model leaves an H100 idle) and then held fixed for its
+variants, so the quantisers' CPU time does not move it. Step times are medians after a warm-up; undilated = measured / dilation, what the H100s would take.
 
     .venv/bin/python benches/emulation_cluster.py            # a few minutes
 """
@@ -26,6 +27,7 @@ STEPS, WARMUP = 5, 1
 # Small enough that a step over emulated 25 GbE takes about a second here (0.5 MB of gradients).
 MODEL = wb.ModelConfig(dim=64, n_layers=2, n_heads=2)
 BASE = wb.Config(model=MODEL, batch_size=8, seq_len=64)
+MFU = 0.4  # the H100's efficiency on the large run the small model stands for
 NVLINK_NODE = dict(target="h100-ib", nodes=1)
 IB_NODES = dict(target="h100-ib", nodes=2)
 ETH_NODES = dict(target="h100-25gbe", nodes=2)
@@ -46,7 +48,7 @@ def _run(pool, cluster: wb.Cluster, cfg: wb.Config, steps: int = STEPS):
 
 def _dilation(pool, shape: dict, cfg: wb.Config) -> float:
     """The measured dilation of `cfg` on `shape`, from a short run with the dilation measured every step."""
-    rank0, _ = _run(pool, wb.Cluster(**shape), cfg, steps=3)
+    rank0, _ = _run(pool, wb.Cluster(**shape, efficiency=MFU), cfg, steps=3)
     return rank0[-1].dilation  # what the last step was paced with, measured from the steps before it
 
 
