@@ -155,3 +155,21 @@ def test_the_prediction_says_what_fsdp_hides_on_gpus_and_not_here():
                 for c in estimate(cfg, "h100").stages[0].comm)
     assert cpu.exposed_s == pytest.approx(whole + links.collective_time("all_reduce", VOTE_BYTES, (0, 1), topology))
     assert gpu.exposed_s < 0.8 * cpu.exposed_s
+
+
+def test_a_layout_whose_target_compute_cannot_be_estimated_is_refused_before_the_ranks():
+    """The measured dilation divides by the cluster GPU's estimated compute: where the estimator cannot price the
+    layout there (Float8 on an A100, which has no fp8 peak), apply refuses it up front, naming the fix."""
+    from types import SimpleNamespace
+
+    import workbench as wb
+
+    gpus = SimpleNamespace(world_size=8)
+    caps = {"name": "NVIDIA H100", "fp16": True, "bf16": True, "fp8": True, "device": "cuda:0"}
+    cfg = Config(dp=8, zero=2, precision="fp8_tensorwise")
+    bench = SimpleNamespace(pool=gpus, capabilities=caps, cluster=Cluster("a100-ib").for_world(8))
+    with pytest.raises(wb.ConfigError, match=r"cluster: the a100's compute .* cannot be estimated.*dilation="):
+        wb.Workbench.check(bench, cfg)
+    wb.Workbench.check(SimpleNamespace(pool=gpus, capabilities=caps, cluster=Cluster("h100-ib").for_world(8)), cfg)
+    fixed = Cluster("a100-ib", dilation=100.0).for_world(8)
+    wb.Workbench.check(SimpleNamespace(pool=gpus, capabilities=caps, cluster=fixed), cfg)

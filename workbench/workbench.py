@@ -26,7 +26,7 @@ from workbench.config import Config, ConfigError
 from workbench.corpus import check_corpus
 from workbench.emulation import Cluster, status_line
 from workbench.emulation import rank as emulation
-from workbench.emulation.cluster import emulation_for
+from workbench.emulation.cluster import emulation_for, target_compute_s
 from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
@@ -202,6 +202,13 @@ class Workbench:
         caps = self.capabilities
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
                          cuda=caps["device"].startswith("cuda"))
+        if self.cluster is not None and self.cluster.dilation is None:
+            try:  # the measured dilation divides by the cluster GPU's estimated compute of this layout
+                target_compute_s(cfg, self.cluster, 0)
+            except ValueError as e:
+                raise ConfigError(f"cluster: the {self.cluster.gpu.name}'s compute of {cfg.layout}, which the "
+                                  f"measured time dilation divides by, cannot be estimated: {e}. Fix: "
+                                  "wb.Cluster(..., dilation=<a number>), or a layout that GPU runs") from None
 
     @property
     def capabilities(self) -> dict[str, Any]:
