@@ -83,7 +83,7 @@ def _gemm(rate: float, sms: int, mem_bw: float, m: int, n: int, k: int, elem_byt
         # the output in fp32, written by a peer and read by the finisher at one SM's share of the memory.
         iteration = 2 * m * n * k_step / tiles / (rate / sms)
         partial = 2 * ACCUMULATOR_BYTES * m * n / tiles / (mem_bw * MEMORY_EFFICIENCY / sms)
-        compute = split_k_time(tiles, math.ceil(k / k_step), iteration, partial, sms)
+        compute = split_k_time(tiles, math.ceil(k / k_step), iteration, partial, sms, KERNEL_FLOOR_S)
     return max(compute, memory, KERNEL_FLOOR_S)
 
 

@@ -6,7 +6,9 @@ GEMM along K instead: Osama et al., "Stream-K: Work-centric Parallel Decompositi
 Multiplication on the GPU" (PPoPP 2023, arXiv 2301.03598) give each of g work units an even share of all the
 tiles' K iterations (MAC-loop steps of one k-tile); a tile covered by several units is finished by one of them,
 which adds its peers' fp32 partial tiles (the "fixup"). The paper picks g with a model of the same form as the one
-here: iterations per unit times an iteration's time, plus a cost per peer that the finishing unit waits for.
+here: iterations per unit times an iteration's time, plus a cost per peer that the finishing unit waits for. With
+many peers per tile a separate reduction is cheaper (CUTLASS's `should_perform_separate_reduction`; cuBLAS's
+classic split-K): every partial written at once, then a second kernel reduces them with the whole device.
 
 Constants, from CUTLASS (include/cutlass/gemm/kernel/tile_scheduler_params.h, the SM90 Stream-K scheduler, and
 device/default_gemm_configuration.h):
@@ -36,14 +38,19 @@ def k_tile(precision: str) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def split_k_time(tiles: int, k_tiles: int, iteration_s: float, partial_s: float, sms: int) -> float:
+def split_k_time(tiles: int, k_tiles: int, iteration_s: float, partial_s: float, sms: int, launch_s: float) -> float:
     """Seconds of `tiles` output tiles (tiles < sms), each `k_tiles` iterations of `iteration_s` on one SM, spread
     over the fastest number g of work units (tiles ≤ g ≤ sms): the busiest unit's ceil(tiles·k_tiles / g)
-    iterations, plus the fixup its tile waits for, ceil(g / tiles) − 1 peers' partials of `partial_s` each.
-    g = tiles is the data-parallel kernel (one unit per tile, no fixup), so splitting is never slower than it."""
+    iterations, plus the fixup, the cheaper of the finisher adding its ceil(g / tiles) − 1 peers' partials in turn
+    (`partial_s` each: one SM's share of the memory) and a separate reduction (the g − tiles partials at the whole
+    device's rate, plus a second kernel's `launch_s`).
+
+    g = tiles is the data-parallel kernel (one unit per tile, no fixup), so splitting is never slower than it; the
+    cost of each g grows with K and the choice of g does not depend on K, so the time is monotone in K."""
     total = tiles * k_tiles
     best = k_tiles * iteration_s
     for units in range(tiles + 1, min(sms, total) + 1):
-        peers = -(-units // tiles)
-        best = min(best, -(-total // units) * iteration_s + (peers - 1) * partial_s)
+        serial = (-(-units // tiles) - 1) * partial_s
+        separate = (units - tiles) * partial_s / sms + launch_s
+        best = min(best, -(-total // units) * iteration_s + min(serial, separate))
     return best
