@@ -119,7 +119,7 @@ def test_torchtitan_memory(run):
 
 
 # Before the power model (issue 18's last gap) these were +35.9%, +35.8%, +15.2%, +14.9%: the model priced these
-# 500 W H100s as 700 W parts with a lower peak. Now: +8.4%, +5.0%, -6.0%, -2.5% (README, estimator section).
+# 500 W H100s as 700 W parts with a lower peak. Now: +8.5%, +5.0%, -6.0%, -2.5% (README, estimator section).
 @pytest.mark.parametrize("run", TORCHTITAN, ids=lambda r: r.name)
 def test_torchtitan_throughput(run):
     est = wb.estimate(run.cfg, run.hardware, features=run.features)

@@ -3,8 +3,10 @@
 One model for every GPU profile and every layout, its constants cited here and in `hardware.py`:
 - a GEMM runs its output in tiles, one wave of tiles per SM at a time (NVIDIA Deep Learning Performance
   Guide, "Matrix Multiplication Background": tile and wave quantization); a wave that is not full wastes the
-  idle SMs' share. Its time is the larger of its FLOPs at the profile's large-GEMM rate over that wave
-  efficiency, and its bytes (A, B and C once) at the memory's streaming rate (the roofline);
+  idle SMs' share. A GEMM whose tiles do not fill one wave is split along K over the SMs instead (split-K /
+  Stream-K, `streamk`). Its time is the largest of its FLOPs at the profile's large-GEMM rate over how well it
+  keeps the SMs busy, its bytes (A, B and C once) at the memory's streaming rate (the roofline), and the floor of
+  one kernel launch (KERNEL_FLOOR_S);
 - flash attention at the profile's measured fraction of peak (FlashAttention-2 measured), causal FLOPs
   counted as half the square and the backward as 2.5 forwards, as the FlashAttention papers count them;
 - both are power bound: under a power limit below the device's rating they run at `Hardware.power_scale` of
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 
+from workbench.estimate.streamk import ACCUMULATOR_BYTES, k_tile, split_k_time
 from workbench.hardware import GEMM_EFFICIENCY, Hardware
 
 TILE = (128, 256)
@@ -30,6 +33,12 @@ MEMORY_EFFICIENCY = 0.9
 """Fraction of HBM bandwidth that streaming kernels (copies, elementwise ops, reductions) reach on NVIDIA data
 centre GPUs: BabelStream-class benchmarks reach about 90% of the datasheet figure. An assumption, not measured
 here."""
+KERNEL_FLOOR_S = 3.0e-6
+"""The least time a kernel takes in a stream of them: the launch of one by the CUDA driver, a no-op kernel's raw
+cuLaunchKernel measured at 3.0 µs on a GB200 (meta-pytorch/tritonbench PR 1017, 2026, "irreducible CUDA driver
+cost"; torch's own dispatch adds more, not counted here). One host thread issues kernels no faster than that, so a
+kernel shorter than a launch still takes one; a longer kernel hides the next launch behind it, so no time is
+added to it."""
 FLASH_BACKWARD_RATIO = 2.5
 """FLOPs of flash attention's backward over its forward (FlashAttention-2, section 4.1: 2.5 times, as it
 recomputes the scores and runs five matmuls to the forward's two)."""
@@ -57,16 +66,25 @@ def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: 
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     rate = hw.peak(precision) * min(1.0, _intrinsic(hw)) * hw.power_scale
-    return _gemm(rate, hw.sms, hw.mem_bw, m, n, k, elem_bytes)
+    return _gemm(rate, hw.sms, hw.mem_bw, m, n, k, elem_bytes, k_tile(precision))
 
 
 @functools.lru_cache(maxsize=4096)
-def _gemm(rate: float, sms: int, mem_bw: float, m: int, n: int, k: int, elem_bytes: float) -> float:
+def _gemm(rate: float, sms: int, mem_bw: float, m: int, n: int, k: int, elem_bytes: float, k_step: int) -> float:
     # Cached on plain numbers: wb.plan prices the same few shapes for thousands of layouts.
     tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
-    compute = 2 * m * n * k / (rate * tiles / (math.ceil(tiles / sms) * sms))
     memory = elem_bytes * (m * k + k * n + m * n) / (mem_bw * MEMORY_EFFICIENCY)
-    return max(compute, memory)
+    if tiles >= sms:
+        # Full waves and a tail: data-parallel tiles (cuBLAS's handling of a tail wave is not documented; the
+        # measured GEMM_EFFICIENCY, whose 8192² shape has a 52%-full tail, is taken with whatever it does).
+        compute = 2 * m * n * k / (rate * tiles / (math.ceil(tiles / sms) * sms))
+    else:
+        # One SM's rate on a tile's share of the useful FLOPs, per k-tile; a partial tile is the tile's share of
+        # the output in fp32, written by a peer and read by the finisher at one SM's share of the memory.
+        iteration = 2 * m * n * k_step / tiles / (rate / sms)
+        partial = 2 * ACCUMULATOR_BYTES * m * n / tiles / (mem_bw * MEMORY_EFFICIENCY / sms)
+        compute = split_k_time(tiles, math.ceil(k / k_step), iteration, partial, sms, KERNEL_FLOOR_S)
+    return max(compute, memory, KERNEL_FLOOR_S)
 
 
 def linear_time(hw: Hardware, precision: str, tokens: int, fan_in: int, fan_out: int, elem_bytes: float,
