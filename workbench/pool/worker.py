@@ -122,7 +122,7 @@ class Worker:
         The welcome is signed, so it proves the driver holds the key; our hello
         echoes its challenge, signed, which proves we do. Only then does the
         driver tell us how to start. A connection the driver closes before we
-        proved ourselves (it closes strangers when too many crowd in, e.g. in a
+        proved ourselves (it refuses or closes strangers when too many crowd in, e.g. in a
         flood) is replaced by a new one, until `timeout_s` has passed.
         """
         deadline = time.monotonic() + timeout_s
