@@ -231,7 +231,10 @@ class Worker:
             try:
                 msg = self.main.recv(timeout_ms=None)
             except EOFError:
-                return  # the notebook is gone
+                # The notebook is gone. This thread's exit ends the process: remove a dead driver's folder first
+                # (the I/O thread may be doing so too; the process's exit must not cut that short).
+                private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+                return
             if msg["type"] == "shutdown":
                 return
             if msg["type"] != "call":
