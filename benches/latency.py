@@ -16,10 +16,12 @@ measured in the same run:
 - a steady dp=2 step through the workbench / the same loop under torchrun.
 
     .venv/bin/python benches/latency.py            # about 3 minutes on 2 quiet cores
+    .venv/bin/python benches/latency.py --rows start,restart   # only those rows (a before/after of one change)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -127,14 +129,23 @@ def apply_phases(bench, wb) -> tuple[list[float], list[dict], list[float], list[
 
 
 # -- restart ---------------------------------------------------------------------------------------------
-def restart_times(wb, standby: bool) -> tuple[list[float], list[dict]]:
-    totals, phases = [], []
+def restart_times(wb, standby: bool) -> tuple[dict[str, list[float]], list[dict], object]:
+    """restart() after a SIGKILL until the model is back. With the standby, restarts alternate between the pool
+    as it is (fresh ranks read what the first ones measured about the machine, `pool.rank.machine_fact`) and
+    the baseline of measuring again (the facts' folder emptied first): both in the same conditions."""
+    totals: dict[str, list[float]] = {"kept": [], "measured again": []}
+    phases = []
     with wb.Workbench(2, standby=standby) as bench:
         bench.apply(wb.Config(dp=2))
-        for _ in range(REPEATS if standby else 1):
+        facts = os.path.join(bench.pool._private_dir, "machine")
+        for i in range(2 * REPEATS if standby else 1):
+            kind = "kept" if i % 2 == 0 else "measured again"
             bench.train(2).wait()
             while standby and not bench.pool.standby.ready:
                 time.sleep(0.1)
+            if kind != "kept":
+                for name in os.listdir(facts):
+                    os.remove(os.path.join(facts, name))
             os.kill(bench.pool.pids[1], signal.SIGKILL)
             while not bench.pool.broken:
                 time.sleep(0.001)
@@ -145,10 +156,14 @@ def restart_times(wb, standby: bool) -> tuple[list[float], list[dict]]:
             t_caps = time.perf_counter()
             bench.apply(bench.config, fresh=True)
             t_apply = time.perf_counter()
-            totals.append(t_apply - t)
-            phases.append({"pool": t_pool - t, **{f"  {k}": v for k, v in bench.pool.last_start.items()},
-                           "capabilities": t_caps - t_pool, "apply (fresh model)": t_apply - t_caps})
-    return totals, phases
+            totals[kind].append(t_apply - t)
+            if kind == "kept":
+                phases.append({"pool": t_pool - t, **{f"  {k}": v for k, v in bench.pool.last_start.items()},
+                               "capabilities": t_caps - t_pool, "apply (fresh model)": t_apply - t_caps})
+        while standby and not bench.pool.standby.ready:
+            time.sleep(0.1)
+        cost = bench.pool.standby
+    return totals, phases, cost
 
 
 # -- steady steps ----------------------------------------------------------------------------------------
@@ -170,48 +185,66 @@ def steady_steps_on_off(wb, rounds: int = 3) -> tuple[float, float]:
             bench.close()
 
 
+ROWS = ("start", "apply", "restart", "telemetry", "step")
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)} (default: all)")
+    wanted = set(p.parse_args().rows.split(","))
+    if unknown := wanted - set(ROWS):
+        p.error(f"--rows: unknown {sorted(unknown)}; choose from {', '.join(ROWS)}")
+
     import engine  # benches/engine.py: the plain torchrun loop
 
     import workbench as wb
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {__import__('torch').__version__}")
-    cold = cold_start()
-    with_standby, standby_phases = restart_times(wb, standby=True)
-    without_standby, _ = restart_times(wb, standby=False)
-    with wb.Workbench(2) as bench:
-        driver, ranks, first, steady_after = apply_phases(bench, wb)
-        standby = bench.pool.standby
-    on, off = steady_steps_on_off(wb)
-    plain = engine.plain_torchrun(STEPS)
-
     rows = []
-    total = med([r["total"] for r in cold])
-    rows.append(("Workbench(2) until ready, cold (fresh interpreter)", f"{total:.2f} s", "≤ 2 s"))
-    print("\nphases of the cold start (median of runs; the slowest rank per phase):")
-    print(f"  {'import workbench (notebook)':34s} {med([r['import'] for r in cold]):.3f} s")
-    for name in cold[0]["phases"]:
-        print(f"  {'pool: ' + name:34s} {med([r['phases'][name] for r in cold]):.3f} s")
-    print(f"  {'Workbench(2) (pool + capabilities)':34s} {med([r['ready'] for r in cold]):.3f} s")
-    print("  each run, total / pool phases summed: "
-          + ", ".join(f"{r['total']:.2f} / {sum(r['phases'].values()):.2f} s" for r in cold))
-    rows.append(("apply(tp=2) on a trained tiny model", f"{med(driver):.3f} s", "≤ 0.1 s"))
-    print("\nphases of apply(tp=2) on the ranks (median of runs; the slowest rank per phase):")
-    for name in ranks[0]:
-        print(f"  {name:34s} {med([r[name] for r in ranks]):.4f} s")
-    print(f"  {'first step after it / a steady one':34s} {med(first):.3f} s / {med(steady_after):.3f} s")
-    rows.append(("restart() after a failure, until ready (standby)",
-                 f"{med(with_standby):.2f} s (cold {med(without_standby):.2f} s: "
-                 f"{med(without_standby) / med(with_standby):.1f}× slower)", "≤ 1 s"))
-    print("\nphases of restart() with the standby (median of runs):")
-    for name in standby_phases[0]:
-        print(f"  {name:34s} {med([p[name] for p in standby_phases]):.3f} s")
-    print(f"  the standby's cost: {standby}")
-    rows.append(("telemetry on / off, steady dp=2 step", f"{on / off:.3f}× ({on * 1e3:.1f} / {off * 1e3:.1f} ms)",
-                 "≤ 1.01×"))
-    rows.append(("steady step, workbench / torchrun", f"{off / plain:.3f}× ({off * 1e3:.1f} / {plain * 1e3:.1f} ms)",
-                 "≤ 1.01×"))
+    if "start" in wanted:
+        cold = cold_start()
+        total = med([r["total"] for r in cold])
+        rows.append(("Workbench(2) until ready, cold (fresh interpreter)", f"{total:.2f} s", "≤ 2 s"))
+        print("\nphases of the cold start (median of runs; the slowest rank per phase):")
+        print(f"  {'import workbench (notebook)':34s} {med([r['import'] for r in cold]):.3f} s")
+        for name in cold[0]["phases"]:
+            print(f"  {'pool: ' + name:34s} {med([r['phases'][name] for r in cold]):.3f} s")
+        print(f"  {'Workbench(2) (pool + capabilities)':34s} {med([r['ready'] for r in cold]):.3f} s")
+        print("  each run, total / pool phases summed: "
+              + ", ".join(f"{r['total']:.2f} / {sum(r['phases'].values()):.2f} s" for r in cold))
+    if "apply" in wanted:
+        with wb.Workbench(2) as bench:
+            driver, ranks, first, steady_after = apply_phases(bench, wb)
+        rows.append(("apply(tp=2) on a trained tiny model", f"{med(driver):.3f} s", "≤ 0.1 s"))
+        print("\nphases of apply(tp=2) on the ranks (median of runs; the slowest rank per phase):")
+        for name in ranks[0]:
+            print(f"  {name:34s} {med([r[name] for r in ranks]):.4f} s")
+        print(f"  {'first step after it / a steady one':34s} {med(first):.3f} s / {med(steady_after):.3f} s")
+    if "restart" in wanted:
+        with_standby, standby_phases, standby = restart_times(wb, standby=True)
+        without_standby = restart_times(wb, standby=False)[0]["kept"]
+        kept, again = med(with_standby["kept"]), med(with_standby["measured again"])
+        rows.append(("restart() after a failure, until ready (standby)",
+                     f"{kept:.2f} s (cold {med(without_standby):.2f} s: {med(without_standby) / kept:.1f}× slower)",
+                     "≤ 1 s"))
+        print(f"\nrestart() with the standby: {kept:.2f} s; measuring the machine again on the fresh ranks "
+              f"(as before machine facts were kept): {again:.2f} s, {again / kept:.2f}× "
+              f"(runs alternated: {', '.join(f'{a:.2f}' for a in with_standby['kept'])} / "
+              f"{', '.join(f'{a:.2f}' for a in with_standby['measured again'])} s)")
+        print("phases of restart() with the standby (median of runs):")
+        for name in standby_phases[0]:
+            print(f"  {name:34s} {med([p[name] for p in standby_phases]):.3f} s")
+        print(f"  the standby's cost: {standby}")
+    if "telemetry" in wanted or "step" in wanted:
+        on, off = steady_steps_on_off(wb)
+        if "telemetry" in wanted:
+            rows.append(("telemetry on / off, steady dp=2 step",
+                         f"{on / off:.3f}× ({on * 1e3:.1f} / {off * 1e3:.1f} ms)", "≤ 1.01×"))
+        if "step" in wanted:
+            plain = engine.plain_torchrun(STEPS)
+            rows.append(("steady step, workbench / torchrun",
+                         f"{off / plain:.3f}× ({off * 1e3:.1f} / {plain * 1e3:.1f} ms)", "≤ 1.01×"))
     width = max(len(r[0]) for r in rows)
     print(f"\n{'action':{width}s}  {'now':44s}  goal")
     for action, now, goal in rows:

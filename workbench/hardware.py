@@ -6,6 +6,7 @@ torch. Only `measure_cpu` imports torch, when it is called.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -219,9 +220,18 @@ def measure_cpu(budget_s: float = 0.3) -> Hardware:
     """This machine's CPU with torch's current thread count: matmul peak per precision and copy bandwidth, measured.
 
     Each precision gets about `budget_s` seconds; the peak is the best rate over square matmuls of growing size.
+    On a pool's ranks it is measured once per pool: a restarted rank reuses it (`pool.rank.machine_fact`).
     """
     import torch
 
+    from workbench.pool import rank
+
+    fields = rank.machine_fact(f"cpu-{torch.get_num_threads()}threads-{budget_s}s",
+                               lambda: dataclasses.asdict(_measure_cpu(torch, budget_s)))
+    return Hardware(**fields)
+
+
+def _measure_cpu(torch, budget_s: float) -> Hardware:
     peaks = {name: _matmul_peak(torch, dtype, budget_s)
              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
     return Hardware(

@@ -23,6 +23,7 @@ from workbench.pool.commands import Command, Handle
 from workbench.pool.errors import PoolError
 from workbench.pool.health import HEARTBEAT_S, Explain, Limits
 from workbench.pool.lifecycle import LocalRanks, Standby, StandbyInfo, rank_environment
+from workbench.pool.rank import MACHINE_FACTS
 from workbench.pool.transport import Transport
 from workbench.pool.world import PREPARE_KEYS
 
@@ -106,7 +107,11 @@ class Pool:
                                     explain)
         # Local ranks get what to prepare and the environment at spawn (torch reads it when imported), so a
         # standby can prepare before its session exists. Loopback only: gloo and NCCL never listen elsewhere.
-        rank_env = rank_environment(threads, {**(env or {}), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"},
+        # What the ranks measure about the machine is kept for the pool's later ranks (rank.machine_fact).
+        facts = os.path.join(self._private_dir, "machine")
+        os.mkdir(facts, 0o700)
+        rank_env = rank_environment(threads, {**(env or {}), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+                                              MACHINE_FACTS: facts},
                                     {**{k: self._settings_base[k] for k in PREPARE_KEYS}, "threads": threads,
                                      "private_dir": self._private_dir})
         spawn = functools.partial(LocalRanks, self._transport.address, self.key_file, world_size, rank_env,

@@ -83,7 +83,30 @@ def remove_if_driver_gone(path: str | None, driver_pid: int, wait_s: float = 1.0
     except (OSError, ValueError, IndexError):
         return
     if owner == driver_pid:
-        shutil.rmtree(path, ignore_errors=True)
+        remove(path)
+
+
+def remove(path: str) -> None:
+    """Remove a private folder, its owner file last: a rank removing it at the same time (a session's ranks and
+    the standby all notice their driver's death at once) still finds whose folder it is, instead of giving up
+    on a folder another remover has half emptied, or that one cut short as its process exited."""
+    folder = Path(path)
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == OWNER_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    (folder / OWNER_FILE).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # another remover is not done with it yet: it removes the folder itself
 
 
 def _driver_gone(driver_pid: int) -> bool:

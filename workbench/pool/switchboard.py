@@ -6,10 +6,26 @@ from a connection passed the MAC check, and from then on addresses that
 connection by name. Until then a connection is a stranger, and a stranger
 costs bounded memory and time: it may send only small frames, read a few
 KiB at a time; what waits to be sent to it is capped (a peer that does not
-read is closed, not queued for); it is closed after `STRANGER_TTL_S`; and
-when too many strangers are connected the oldest is closed, so idle
-connections cannot lock real ranks out (a rank whose connection was closed
-before it proved itself connects again).
+read is closed, not queued for); it is closed after `STRANGER_TTL_S`; and at
+most `MAX_STRANGERS` are connected at once.
+
+Who makes room when that many crowd in decides whether a flood can keep the
+ranks out. A rank knocks the moment it connects and answers its welcome in
+milliseconds, so:
+- a connection that was welcomed (sent a well-formed knock) is left alone by
+  newcomers for `HANDSHAKE_S`, long enough to say its signed hello;
+- room is made by closing the oldest stranger not in that window, so idle
+  connections cannot lock ranks out either; when every stranger is in it,
+  the newcomer is the one refused;
+- newcomers the listener announces in one round are accepted at the start
+  of the next, after the transport has answered what this round read, so
+  strangers that already hung up (a welcome to a closed peer fails at once)
+  are gone before the newcomers are counted.
+Before this, a churn of connect-knock-hang-up still had its last round's
+dead connections counted, hit the cap in every round and closed the oldest
+stranger, which was the real rank between its welcome and its hello, for as
+long as the flood lasted. A rank whose connection was closed or refused
+before it proved itself connects again.
 
 Not thread-safe: only the thread that owns the transport's sockets calls
 it, except `wake`, which any thread may call.
@@ -31,7 +47,10 @@ from workbench.pool.ratelimit import RateLimitedLog
 log = logging.getLogger("workbench.pool")
 
 MAX_STRANGERS = 64
-"""Connections that have not yet proved they hold the key; past this, the oldest of them is closed."""
+"""Connections that have not yet proved they hold the key; past this, one of them is closed (see above)."""
+HANDSHAKE_S = 5.0
+"""From its first welcome, how long a connection is safe from newcomers while it says its hello (a rank needs
+milliseconds; a loaded machine, a little more). After that it is a stranger like any other until its TTL."""
 STRANGER_TTL_S = 10.0
 """A connection that has not proved it holds the key within this long is closed (a rank proves it in
 milliseconds, once the driver answers its knock)."""
@@ -53,6 +72,8 @@ class Peer:
     """Bytes in `out`."""
     watching_writable: bool = False
     connected_at: float = field(default_factory=time.monotonic)
+    welcomed_at: float | None = None
+    """When it was first answered a knock: from then on it has `HANDSHAKE_S` to say hello, undisturbed."""
     pending: Any = None
     """What the handshake expects next from this stranger (handshake.Pending); gone with the connection."""
 
@@ -67,11 +88,14 @@ class Switchboard:
         self.selector.register(self.listener, selectors.EVENT_READ, "listen")
         self.selector.register(self.wake_rx, selectors.EVENT_READ, "wake")
         self.peers: set[Peer] = set()
+        self.strangers: dict[Peer, None] = {}
+        """The peers that have not proved themselves yet, oldest first (a dict keeps the order it was filled in)."""
         self.routes: dict[bytes, Peer] = {}
         self.refused = 0  # connections closed for sending too much before proving themselves, or for crowding
         self.hung_up: list[bytes] = []  # names whose connection closed since the last poll
         self.warnings = warnings or RateLimitedLog(log)
         self.next_sweep = 0.0
+        self.accept_due = False  # the listener has newcomers: taken at the start of the next poll
 
     def wake(self) -> None:
         """Make a `poll` in another thread return now."""
@@ -83,6 +107,9 @@ class Switchboard:
     def poll(self, timeout_s: float) -> tuple[list[tuple[Peer, bytes]], list[bytes]]:
         """Wait up to `timeout_s` for I/O and do it: the frames received (in order), the names that hung up."""
         frames: list[tuple[Peer, bytes]] = []
+        if self.accept_due:
+            self.accept_due = False
+            self._accept()
         for key, mask in self.selector.select(timeout_s):
             if key.data == "wake":
                 try:
@@ -91,7 +118,7 @@ class Switchboard:
                 except BlockingIOError:
                     pass
             elif key.data == "listen":
-                self._accept()
+                self.accept_due = True  # next round: strangers that hung up in this one must not count
             else:
                 peer = key.data
                 if mask & selectors.EVENT_WRITE:
@@ -101,7 +128,7 @@ class Switchboard:
         now = time.monotonic()
         if now >= self.next_sweep:
             self.next_sweep = now + 1.0
-            for peer in [p for p in self.peers if p.name is None and now - p.connected_at > STRANGER_TTL_S]:
+            for peer in [p for p in self.strangers if now - p.connected_at > STRANGER_TTL_S]:
                 self.refused += 1
                 self._drop(peer)
         closed, self.hung_up = self.hung_up, []
@@ -110,7 +137,15 @@ class Switchboard:
     def bind(self, peer: Peer, name: bytes) -> None:
         """`peer` proved it holds the key and signs as `name`: route to it, and let it send frames of any size."""
         peer.name, peer.reader.max_frame = name, None
+        self.strangers.pop(peer, None)
         self.routes[name] = peer
+
+    def welcome(self, peer: Peer, blob: bytes) -> None:
+        """Answer a stranger's well-formed knock; from the first answer on, it has `HANDSHAKE_S` to say hello
+        before a newcomer may take its place."""
+        if peer.welcomed_at is None:
+            peer.welcomed_at = time.monotonic()
+        self.reply(peer, blob)
 
     def send(self, name: bytes, blob: bytes) -> None:
         """To the connection bound to `name`; dropped if there is none (a gone rank is noticed elsewhere)."""
@@ -155,15 +190,26 @@ class Switchboard:
             except OSError as e:  # e.g. out of file descriptors: keep serving the ranks we have
                 self.warnings.warning("workbench pool: could not accept a connection: %s", e)
                 return
-            strangers = [p for p in self.peers if p.name is None]
-            if len(strangers) >= MAX_STRANGERS:
+            if len(self.strangers) >= MAX_STRANGERS:
                 self.refused += 1
-                self._drop(min(strangers, key=lambda p: p.connected_at))
+                victim = self._evictable(time.monotonic())
+                if victim is None:  # every stranger is in its handshake: the newcomer waits its turn
+                    sock.close()
+                    continue
+                self._drop(victim)
             sock.setblocking(False)
             wire.tune(sock)
             peer = Peer(sock, wire.FrameReader(sock))
             self.peers.add(peer)
+            self.strangers[peer] = None
             self.selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _evictable(self, now: float) -> Peer | None:
+        """The stranger that makes room for a newcomer: the oldest one not within its handshake; None if all are."""
+        for peer in self.strangers:  # oldest first
+            if peer.welcomed_at is None or now - peer.welcomed_at > HANDSHAKE_S:
+                return peer
+        return None
 
     def _push(self, peer: Peer) -> None:
         """Send queued frames until the socket is full; watch for writability only while some still wait."""
@@ -200,6 +246,7 @@ class Switchboard:
         if peer not in self.peers:
             return
         self.peers.discard(peer)
+        self.strangers.pop(peer, None)
         self.selector.unregister(peer.sock)
         peer.sock.close()
         peer.out.clear()

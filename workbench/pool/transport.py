@@ -220,7 +220,7 @@ class Transport:
             self.rejected_messages += 1
             self.board.hang_up(peer)
             return
-        self.board.reply(peer, welcome)
+        self.board.welcome(peer, welcome)
 
     def _register(self, peer: Peer, ident: bytes, rank: int, incarnation: str, msg: dict) -> None:
         pending, peer.pending = peer.pending, None

@@ -122,7 +122,7 @@ class Worker:
         The welcome is signed, so it proves the driver holds the key; our hello
         echoes its challenge, signed, which proves we do. Only then does the
         driver tell us how to start. A connection the driver closes before we
-        proved ourselves (it closes strangers when too many crowd in, e.g. in a
+        proved ourselves (it refuses or closes strangers when too many crowd in, e.g. in a
         flood) is replaced by a new one, until `timeout_s` has passed.
         """
         deadline = time.monotonic() + timeout_s
@@ -231,7 +231,10 @@ class Worker:
             try:
                 msg = self.main.recv(timeout_ms=None)
             except EOFError:
-                return  # the notebook is gone
+                # The notebook is gone. This thread's exit ends the process: remove a dead driver's folder first
+                # (the I/O thread may be doing so too; the process's exit must not cut that short).
+                private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+                return
             if msg["type"] == "shutdown":
                 return
             if msg["type"] != "call":

@@ -1,0 +1,39 @@
+"""What a pool's ranks measure about the machine is measured once per pool: restarted ranks read it."""
+
+from __future__ import annotations
+
+import os
+
+from workbench.pool import rank
+
+
+def _cpu_peaks(budget_s: float) -> tuple[dict, int]:
+    from workbench import hardware
+
+    return hardware.measure_cpu(budget_s).peak_flops, os.getpid()
+
+
+def test_restarted_ranks_reuse_the_first_ranks_cpu_measurement(pool):
+    budget = 0.013  # a figure no other test asks for: this test's ranks measure it first
+    first = pool.run(_cpu_peaks, budget)
+    pool.restart()
+    again = pool.run(_cpu_peaks, budget)
+    assert {pid for _, pid in first}.isdisjoint(pid for _, pid in again), "fresh processes"
+    # A timed measurement is never the same float twice: equal figures were read, not measured again.
+    assert {tuple(p.items()) for p, _ in again} <= {tuple(p.items()) for p, _ in first}
+
+
+def test_without_a_pool_folder_a_fact_is_measured_at_each_call(monkeypatch, tmp_path):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"n": len(calls)}
+
+    monkeypatch.delenv(rank.MACHINE_FACTS, raising=False)
+    assert [rank.machine_fact("x", measure)["n"] for _ in range(2)] == [1, 2]
+    monkeypatch.setenv(rank.MACHINE_FACTS, str(tmp_path))
+    assert [rank.machine_fact("x y/z", measure)["n"] for _ in range(2)] == [3, 3]
+    assert [p.name for p in tmp_path.iterdir()] == ["x_y_z.json"]
+    (tmp_path / "x_y_z.json").write_text("{half")  # a rank that died while writing: measured again
+    assert rank.machine_fact("x y/z", measure)["n"] == 4
