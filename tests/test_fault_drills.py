@@ -271,7 +271,7 @@ def test_a_stopped_rank_is_reported_frozen_in_seconds_naming_it_then_resumes(ben
     os.kill(frozen, signal.SIGSTOP)
     t0 = time.monotonic()
     with pytest.raises(wb.RankFrozen) as info:
-        run.wait(timeout=60)  # a hang bound: the default timeout_s is 300 s
+        run.wait(timeout=60)  # a hang bound: the session pool's timeout_s is 180 s
     print(f"\nRankFrozen after {time.monotonic() - t0:.2f} s: {str(info.value).splitlines()[0]}")
     assert info.value.rank == 1 and "rank 1" in str(info.value) and "train" in str(info.value)
     assert _wait_gone([frozen], 5) == [], "the stopped rank is ended, not left behind"
