@@ -69,13 +69,32 @@ def reference_run(cfg: Config, steps: int, data: Any = None) -> dict[str, Any]:
     """One process trains the whole model on whole batches: losses, skipped steps, final scale and weights.
 
     The single-process reference of every parity test. `data` is anything with `global_batch(step)` returning
-    (batch_size, seq_len + 1) tokens; `SyntheticData(cfg)` when None.
+    (batch_size, seq_len + 1) tokens; `SyntheticData(cfg)` when None. On synthetic data it is computed once per
+    test session for each (what it reads of `cfg`, steps): layouts that differ only in their degrees, ZeRO stage,
+    schedule or recompute share one reference, and each caller gets its own copy.
     """
+    if data is None:
+        return copy.deepcopy(_reference_on_synthetic_data(_what_the_reference_reads(cfg), steps))
+    return _reference(cfg, steps, data)
+
+
+def _what_the_reference_reads(cfg: Config) -> Config:
+    """`cfg` with every field `_reference` does not read at its default: the cache key. A field `_reference` starts
+    to read must be copied here too."""
+    return Config(model=cfg.model, seed=cfg.seed, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                  precision=cfg.precision, batch_size=cfg.batch_size, seq_len=cfg.seq_len)
+
+
+@functools.cache
+def _reference_on_synthetic_data(cfg: Config, steps: int) -> dict[str, Any]:
+    return _reference(cfg, steps, SyntheticData(cfg))
+
+
+def _reference(cfg: Config, steps: int, data: Any) -> dict[str, Any]:
     model = build_model(cfg.model, cfg.seed)
     opt = OPTIMIZERS[cfg.optimizer](model.parameters(), **hyperparameters(cfg))  # AdamW unless the Config says
     scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
     dtype = DTYPES[cfg.precision]
-    data = SyntheticData(cfg) if data is None else data
     losses, skipped, aux_losses, loads, dropped = [], [], [], [], []
     for step in range(steps):
         tokens = data.global_batch(step)

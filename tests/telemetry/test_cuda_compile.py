@@ -1,8 +1,13 @@
-"""The CUDA telemetry library: compiled with nvcc on every run, exercised on a GPU when there is one.
+"""The CUDA telemetry library: compiled with nvcc whenever its sources or flags change, exercised on a GPU when
+there is one.
 
 Compiling needs only nvcc (no GPU, no CUDA build of torch), so a broken .cu
-file fails here on any machine that has nvcc. Tests marked ``gpu`` need a
-CUDA device; the last one also a CUDA build of torch with NCCL.
+file fails here on any machine that has nvcc. The build is the cached one
+(`cuda.build()`, which `make setup` runs too): its place is a digest of every
+file in extensions/cuda and of the nvcc flags, so a changed source or flag is
+compiled here, and an unchanged one is not compiled twice (~25 s on 2 cores).
+Tests marked ``gpu`` need a CUDA device; the last one also a CUDA build of
+torch with NCCL.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -18,14 +24,25 @@ from workbench.telemetry import cuda
 
 
 @pytest.fixture(scope="module")
-def fresh_library(tmp_path_factory):
+def fresh_library():
+    """The library built by nvcc from the sources and flags as they are now (compiled here if they changed)."""
     if cuda.nvcc() is None:
         pytest.skip("nvcc not found (neither $CUDA_HOME/bin/nvcc nor on PATH): cannot compile the CUDA part")
-    out = tmp_path_factory.mktemp("cuda") / "libwbcuda.so"
-    cmd = cuda.compile_command(out)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr}"
-    return out
+    return cuda.build()  # a failed compile raises NativeBuildError with nvcc's output
+
+
+def test_the_cached_build_is_keyed_by_every_source_file_and_every_flag(tmp_path, monkeypatch):
+    # What lets fresh_library take the cached build: an edited source or flag is a build not made yet.
+    flags = cuda._flags()
+    base = cuda.library_path()
+    copy = shutil.copytree(cuda.SOURCE_DIR, tmp_path / "cuda")
+    monkeypatch.setattr(cuda, "SOURCE_DIR", copy)
+    assert cuda.library_path() == base  # the same bytes: the same build
+    (copy / "wb_cuda.h").write_text((copy / "wb_cuda.h").read_text() + "\n")
+    edited = cuda.library_path()
+    assert edited != base
+    monkeypatch.setattr(cuda, "_flags", lambda: [*flags[:-1], "-O3"])
+    assert cuda.library_path() not in (base, edited)
 
 
 def test_compiles_and_exports_its_interface(fresh_library):

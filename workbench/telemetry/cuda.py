@@ -49,23 +49,26 @@ def _gencode() -> list[str]:
     return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs.replace(",", ";").split(";") if a]
 
 
+def _flags() -> list[str]:
+    return ["--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden", "-O2", "-std=c++17", *_gencode()]
+
+
 def compile_command(output: Path) -> list[str]:
     """The nvcc command line that builds the library into ``output``."""
     compiler = nvcc()
     if compiler is None:
         raise NativeBuildError("cannot build the CUDA telemetry library: nvcc not found (set CUDA_HOME)")
     sources = sorted(str(p) for p in SOURCE_DIR.glob("*.cu"))
-    return [
-        compiler, "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-        "-O2", "-std=c++17", *_gencode(), *sources, "-o", str(output),
-    ]  # fmt: skip
+    return [compiler, *_flags(), *sources, "-o", str(output)]
 
 
 def library_path() -> Path:
+    """Where the build of these sources with these flags lives: either changed, a new build (tests rely on it to
+    compile only what changed)."""
     h = hashlib.sha256()
     for path in sorted(SOURCE_DIR.glob("*")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(" ".join(_gencode()).encode())
+    h.update(" ".join(_flags()).encode())
     key = h.hexdigest()[:16]
     return cache_root() / "extensions" / f"cuda-{key}" / "libwbcuda.so"
 
