@@ -31,31 +31,96 @@ def step_times(bench: wb.Workbench) -> list[float]:
     return [m.step_time_s for m in bench.train(STEPS).wait()]
 
 
-def probe_costs() -> dict[str, float]:
-    """Time each probe piece on a rank, on the trained model (microseconds per call)."""
-    from workbench.telemetry import memory, native
+def probe_costs() -> list[tuple[str, int, float]]:
+    """What the step probe costs a step on this rank, piece by piece, as a step calls it.
 
+    Each row: (piece, calls a step, microseconds a call), timed on the trained model with the probe's own
+    objects (its cached `ModelMemory`, its activation meter's hooks, its hooks on the parameters and optimizers),
+    so the rows add up to the probe's Python work in a step; what they leave out of the measured on/off
+    difference is the recording backend's and autograd's side.
+    """
+    import torch
+
+    from workbench.engine.model import loss_fn
     from workbench.engine.session import current
+    from workbench.pool import rank
+    from workbench.telemetry import activations, probes
 
-    trainer = current().trainer
-    modules, optimizers = trainer.modules, trainer.optimizers
+    session = current()
+    trainer = session.trainer
+    probe = trainer.probe
+    with rank.unchecked():
+        last = trainer.step(session.next_step)  # the probe now holds a real step's spans
+    session.next_step += 1
+    spans = list(last.intervals)
 
-    def per_call(fn, n=200):
+    def per_call(fn, n=200) -> float:
+        fn()
         t = time.perf_counter()
         for _ in range(n):
             fn()
         return (time.perf_counter() - t) / n * 1e6
 
-    ivs = [wb.Interval("compute", "x", i * 10, i * 10 + 5) for i in range(50)]
-    return {
-        "parameter_bytes": per_call(lambda: memory.parameter_bytes(modules)),
-        "gradient_bytes": per_call(lambda: memory.gradient_bytes(modules)),
-        "optimizer_bytes": per_call(lambda: memory.optimizer_bytes(optimizers, trainer.device)),
-        "process_bytes": per_call(lambda: memory.process_bytes(trainer.device)),
-        "span open+close": per_call(lambda: native.span("compute", "x").__enter__() or None),
-        "drain (empty)": per_call(native.drain),
-        "step_summary(50 spans)": per_call(lambda: native.step_summary(ivs)),
-    }
+    rows: list[tuple[str, int, float]] = []
+    micro = 0 if trainer.pipeline is not None else trainer.cfg.micro_batches
+    if trainer.pipeline is None:
+        # The tensors one micro-batch's forward saves for backward, through the meter's hooks as autograd calls them.
+        model = getattr(trainer.modules[0], "module", trainer.modules[0])  # DDP's module: no reducer state touched
+        inputs, targets = trainer._batch(session.next_step)
+        n = trainer.cfg.micro_batches
+        x, y = inputs.chunk(n)[0], targets.chunk(n)[0]
+        saved: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            loss_fn(model(x), y)
+        meter = activations.ActivationMeter(buffers=list(model.buffers()))
+
+        def pack_unpack_release() -> None:
+            packed = [meter._pack(t) for t in saved]
+            for p in packed:
+                activations._unpack(p)
+            del packed[:]
+
+        rows.append((f"saved tensor: pack+unpack+release ({len(saved)} a forward)", len(saved) * n,
+                     per_call(pack_unpack_release, 50) / len(saved)))
+    if probe.gpu is None:  # on a GPU the hooks and spans are CUDA event marks, resolved in finish
+        grad_hook = probes._weakly(probe._grad_ready)
+        parameters = [p for m in trainer.modules for p in m.parameters() if p.requires_grad]
+        rows.append(("gradient-ready hook", len(parameters), per_call(lambda: grad_hook(parameters[0]))))
+        begins, ends = probes._weakly(probe._optimizer_begins), probes._weakly(probe._optimizer_ends)
+        rows.append(("optimizer pre+post hooks", len(trainer.optimizers), per_call(lambda: (begins(), ends()))))
+
+        def forward_and_backward_spans() -> None:
+            with probe.span("forward"):
+                pass
+            with probe.backward():
+                pass
+
+        rows.append(("forward span + backward span", micro, per_call(forward_and_backward_spans)))
+    rows.append(("begin_step (drain)", 1, per_call(probe.begin_step)))
+    # After backward the gradients exist (a step drops them at its end): stand-ins of their size, as DDP's buckets.
+    grads = [p for m in trainer.modules for p in m.parameters() if p.requires_grad]
+    for p in grads:
+        p.grad = torch.zeros_like(p)
+    rows.append(("after_backward (memory)", 1, per_call(probe.after_backward)))
+    gradient_bytes = per_call(probe.memory.gradient_bytes)
+    for p in grads:
+        p.grad = None
+    rows.append(("before_vote", 1, per_call(probe.before_vote)))
+
+    def finish() -> None:
+        probe.spans = list(spans)  # a real step's intervals to sort and sum, as finish sees them
+        probe.finish(last)
+
+    rows.append((f"finish ({len(spans)} intervals)", 1, per_call(finish)))
+    # finish's and after_backward's parts, for where their time goes
+    rows.append(("  memory.parameter_bytes", micro + 2, per_call(probe.memory.parameter_bytes)))
+    rows.append(("  memory.gradient_bytes (gradients held)", 1, gradient_bytes))
+    rows.append(("  memory.gradient_bytes (gradients dropped)", 1, per_call(probe.memory.gradient_bytes)))
+    rows.append(("  memory.optimizer_bytes", 1, per_call(probe.memory.optimizer_bytes)))
+    rows.append(("  process_bytes", 2, per_call(lambda: probes.process_bytes(trainer.device))))
+    rows.append(("  step_summary", 1, per_call(lambda: probe.native.step_summary(spans))))
+    probe.begin_step()  # leave the probe as a step expects it
+    return rows
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -111,10 +176,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"a step with telemetry on: {len(last.intervals)} intervals {kinds}, "
               f"comm {last.comm_time_s * 1e3:.2f} ms, exposed {last.exposed_comm_s * 1e3:.2f} ms, "
               f"overlap {last.overlap}, device memory {getattr(last, 'device_memory', {})}")
-        costs = benches[True].pool.run(probe_costs)[0]
-        print("probe pieces on rank 0 (µs per call):")
-        for name, us in costs.items():
-            print(f"  {name:24s} {us:8.1f}")
+        rows = benches[True].pool.run(probe_costs)[0]
+        print("the probe's pieces as a step calls them, rank 0:")
+        print(f"  {'piece':52s} {'calls':>5s} {'µs/call':>8s} {'µs/step':>8s}")
+        total = 0.0
+        for name, calls, us in rows:
+            print(f"  {name:52s} {calls:5d} {us:8.1f} {calls * us:8.1f}")
+            total += 0 if name.startswith("  ") else calls * us
+        print(f"  {'total (parts indented are inside the rows above)':52s} {'':5s} {'':8s} {total:8.1f}"
+              f"   = {total / 1e3:.2f} ms of the {(on - off) * 1e3:.1f} ms measured on - off")
     finally:
         for bench in benches.values():
             bench.close()

@@ -148,8 +148,7 @@ class Trainer:
         start = time.perf_counter()
         inputs, targets = self._batch(step_index)
         try:
-            with self.probe.activations():  # counts what autograd saves for backward, live
-                loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
+            loss = self._forward_backward(inputs, targets)  # this rank's mean loss; None off the last stage
             if self.cfg.tp > 1:
                 reduce_partial_gradients(self.modules)  # sequence parallel's norm gradients, once per step
         except torch.OutOfMemoryError as e:
@@ -217,13 +216,16 @@ class Trainer:
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Accumulate the gradient of this dp rank's mean loss; return that loss (detached)."""
-        if self.pipeline is not None:
-            return self.pipeline.step(inputs, targets, scale_loss=self.precision.scale)
+        # The probe counts what autograd saves for backward, live, while forwards run. Backward saves nothing for
+        # itself (recompute runs under the checkpoint's own hooks), and hooks installed there cost it time.
+        if self.pipeline is not None:  # its schedule interleaves forwards and backwards
+            with self.probe.activations():
+                return self.pipeline.step(inputs, targets, scale_loss=self.precision.scale)
         model, n = self.modules[0], self.cfg.micro_batches
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with gradient_sync(model, enabled=i == n - 1):
-                with self.probe.span("forward"), self.precision.autocast():
+                with self.probe.span("forward"), self.probe.activations(), self.precision.autocast():
                     # Divided by n so the accumulated gradient is that of the mean over the whole batch.
                     # A MoE model's balancing loss is not added: its layers' outputs carry it into backward.
                     loss = loss_fn(model(x), y) / n

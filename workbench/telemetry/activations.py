@@ -9,6 +9,7 @@ detached aliases, so a graph dropped without backward frees as it should.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -49,35 +50,48 @@ class ActivationMeter:
             yield
 
     def _pack(self, t: torch.Tensor) -> Any:
-        # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain) or a pipeline stage's
-        # receive buffer, not an activation; a view's memory is its base's. Tensor parallel wraps a received input
-        # in a DTensor that is no leaf, so the local tensor is looked at too.
-        if _leaf_requiring_grad(t) or _leaf_requiring_grad(local_tensor(t)):
-            return t
-        # Hold a detached alias, never the tensor itself: an op's own output (rsqrt's, attention's) carries that
-        # op's grad_fn, which owns this packed object, a cycle through C++ that Python's gc cannot see. Backward
-        # breaks it as it frees the saved tensors, but a graph dropped without backward (the first pipeline stage's
-        # shape-inference forward) would then hold its saved tensors for ever. Autograd reattaches the grad_fn on
-        # unpack, so nothing is lost.
-        t = t.detach()
-        ptr, nbytes = _storage(t)
+        # Autograd calls this for every tensor a forward saves (~180 a step of the tiny model), so a plain tensor
+        # takes a short path; a wrapper subclass (DTensor, an async collective's result) the general one.
+        if type(t) in _PLAIN:
+            base = t._base
+            if base is None:
+                base = t
+            # A leaf that requires grad is a parameter (sharded, gathered by FSDP, or plain) or a pipeline stage's
+            # receive buffer, not an activation; a view's memory is its base's.
+            if base.is_leaf and base.requires_grad:
+                return _Kept(t)
+            # Hold a detached alias, never the tensor itself: an op's own output (rsqrt's, attention's) carries
+            # that op's grad_fn, which owns this packed object, a cycle through C++ that Python's gc cannot see.
+            # Backward breaks it as it frees the saved tensors, but a graph dropped without backward (the first
+            # pipeline stage's shape-inference forward) would then hold its saved tensors for ever. Autograd
+            # reattaches the grad_fn on unpack, so nothing is lost.
+            t = t.detach()
+            try:
+                storage = t.untyped_storage()
+                ptr, nbytes = storage.data_ptr(), storage.nbytes()
+            except RuntimeError:  # no storage to go by (a sparse tensor): only itself
+                ptr, nbytes = id(t), t.numel() * t.element_size()
+        else:
+            # Tensor parallel wraps a received input in a DTensor that is no leaf, so the local tensor is looked
+            # at too.
+            if _leaf_requiring_grad(t) or _leaf_requiring_grad(local_tensor(t)):
+                return _Kept(t)
+            t = t.detach()
+            ptr, nbytes = _storage(t)
         if not nbytes or ptr in self._ignored:
-            return t
+            return _Kept(t)
         ref = self._refs.get(ptr)
         if ref is None:
-            self._refs[ptr] = [1, nbytes]
+            self._refs[ptr] = ref = [0, nbytes]
             self.live += nbytes
-            self.peak = max(self.peak, self.live)
-        else:
-            ref[0] += 1
-        return _Saved(t, ptr, self)
+            if self.live > self.peak:
+                self.peak = self.live
+        ref[0] += 1
+        return _Saved(t, ptr, ref, self)
 
-    def _release(self, ptr: int) -> None:
-        ref = self._refs[ptr]
-        ref[0] -= 1
-        if ref[0] == 0:
-            self.live -= ref[1]
-            del self._refs[ptr]
+
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+"""Tensor types that are no wrapper: their storage is their own, and `local_tensor` of one is itself."""
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -109,17 +123,31 @@ def _leaf_requiring_grad(t: torch.Tensor) -> bool:
     return base.is_leaf and base.requires_grad
 
 
+class _Kept:
+    """What autograd stores for a tensor the meter does not count (a parameter, a buffer, an empty tensor)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 class _Saved:
-    """What autograd stores instead of the tensor; when the graph drops it, its bytes are released."""
+    """What autograd stores instead of a counted tensor; when the graph drops it, its bytes are released."""
 
-    __slots__ = ("tensor", "ptr", "meter")
+    __slots__ = ("tensor", "ptr", "ref", "meter")
 
-    def __init__(self, tensor: torch.Tensor, ptr: int, meter: ActivationMeter) -> None:
-        self.tensor, self.ptr, self.meter = tensor, ptr, meter
+    def __init__(self, tensor: torch.Tensor, ptr: int, ref: list[int], meter: ActivationMeter) -> None:
+        self.tensor, self.ptr, self.ref, self.meter = tensor, ptr, ref, meter
 
     def __del__(self) -> None:
-        self.meter._release(self.ptr)
+        ref = self.ref
+        ref[0] -= 1
+        if not ref[0]:
+            meter = self.meter
+            meter.live -= ref[1]
+            del meter._refs[self.ptr]
 
 
-def _unpack(saved: Any) -> torch.Tensor:
-    return saved.tensor if isinstance(saved, _Saved) else saved
+# Both packed kinds keep the tensor as `.tensor`: unpacking is then an attribute read in C, no Python frame.
+_unpack = operator.attrgetter("tensor")

@@ -9,6 +9,7 @@ optimizer states exist).
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Iterator
 
@@ -23,8 +24,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes this rank holds for `t`: a DTensor's local shard, a plain tensor's own elements."""
-    local = local_tensor(t)
-    return local.numel() * local.element_size()
+    return local_tensor(t).nbytes  # numel * element size
 
 
 def parameter_bytes(modules: list[nn.Module]) -> int:
@@ -92,6 +92,9 @@ class ModelMemory:
         self._sizes: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (the tensor, kept so the id stays its, bytes)
         self._optimizer_key: tuple = ()
         self._optimizer_bytes = 0
+        self._last_contents: list[torch.Tensor] = []  # the slots' contents at the last parameter count
+        self._last_unique: list[torch.Tensor] = []
+        self._last_bytes = 0
 
     def _bytes(self, t: torch.Tensor) -> int:
         entry = self._sizes.get(id(t))
@@ -101,17 +104,23 @@ class ModelMemory:
 
     def _parameters(self) -> list[torch.Tensor]:
         """What `module.parameters()` yields now: the slots' contents, each object once."""
-        seen, out = set(), []
-        for slots, name in self._slots:
-            p = slots[name]
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-        return out
+        contents = [slots[name] for slots, name in self._slots]
+        if len(contents) != len(self._last_contents) or not all(map(operator.is_, contents, self._last_contents)):
+            seen, unique = set(), []
+            for p in contents:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    unique.append(p)
+            self._last_contents, self._last_unique = contents, unique
+            self._last_bytes = sum(self._bytes(p) for p in unique)
+        return self._last_unique
 
     def parameter_bytes(self) -> int:
         params = self._parameters()
-        total, seen = sum(self._bytes(p) for p in params), {id(p) for p in params}
+        total = self._last_bytes  # the same objects as last time hold the same bytes (a tensor's size is fixed)
+        if not self._fsdp:
+            return total
+        seen = {id(p) for p in params}
         for fsdp_param in self._fsdp:
             sharded = getattr(fsdp_param, "sharded_param", None)
             if sharded is not None and id(sharded) not in seen:
@@ -124,7 +133,7 @@ class ModelMemory:
         return total
 
     def gradient_bytes(self) -> int:
-        return sum(local_bytes(p.grad) for p in self._parameters() if p.grad is not None)
+        return sum(local_tensor(g).nbytes for g in [p.grad for p in self._parameters()] if g is not None)
 
     def optimizer_bytes(self) -> int:
         key = tuple((id(opt.state), len(opt.state)) for opt in self._optimizers)
@@ -137,5 +146,16 @@ def process_bytes(device: torch.device) -> int:
     """Everything this rank's process holds on its device: RSS on CPU, the caching allocator on CUDA."""
     if device.type == "cuda":
         return torch.cuda.memory_reserved(device)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return int(os.pread(_statm(), 128, 0).split()[1]) * _PAGE_SIZE
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_statm_fd: tuple[int, int] | None = None  # (pid, fd): the file is opened once per process, read afresh each call
+
+
+def _statm() -> int:
+    global _statm_fd
+    pid = os.getpid()
+    if _statm_fd is None or _statm_fd[0] != pid:
+        _statm_fd = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+    return _statm_fd[1]
