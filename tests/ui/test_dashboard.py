@@ -107,3 +107,27 @@ def test_with_real_ranks(pool):
         assert list(loss.data[0].y) == pytest.approx([m.loss for m in bench.history[-3:]])
     finally:
         d.close()
+
+
+def test_the_estimate_stands_beside_the_measurement_and_follows_the_layout(bench):
+    """Predicted beside measured, live: after a step the dashboard shows the last layout's estimate next to what
+    its ranks measured, each row with its error; another layout redraws it for that layout."""
+    from workbench.ui.comparison import profile_for
+
+    d = dashboard(bench)
+    try:
+        assert "after its first step" in d.predicted.value or d.predicted.value == ""
+        bench.apply(wb.Config(dp=2, zero=1))
+        bench.train(3).wait()
+        _until(lambda: "Predicted beside measured (dp2·zero1, cpu)" in d.predicted.value)
+        for row in ("memory: activations", "step time: compute", "step time: exposed communication",
+                    "bytes: all_reduce"):
+            assert row in d.predicted.value, row
+        assert "%" in d.predicted.value  # the errors
+        bench.apply(wb.Config(dp=2, zero=3))
+        bench.train(2).wait()
+        _until(lambda: "(dp2·zero3, cpu)" in d.predicted.value)
+        assert "bytes: all_gather" in d.predicted.value
+    finally:
+        d.close()
+    assert profile_for("cuda:0", "NVIDIA H100 80GB HBM3") == "h100" and profile_for("cuda:0", "Tesla T4") is None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from workbench.telemetry.store import RunRecord
+from workbench.ui.comparison import comparison_table
 from workbench.ui.controls import Controls
 from workbench.ui.live import LivePlots, Ticker
 from workbench.ui.plan_panel import PlanPanel
@@ -56,7 +57,12 @@ class Dashboard(widgets.VBox):
         planning = widgets.Accordion([self.planner.widget], titles=("Plan a large run",), selected_index=None)
         # The header also says whether the links are this machine's or an emulated cluster's (Workbench.links).
         self.header = widgets.HTML(_HEADER + _links_line(bench))
-        super().__init__([self.header, self.controls.widget, self.runs, self.plots.widget, planning],
+        self.predicted = widgets.HTML()
+        """The last layout's estimate beside what its ranks measured, each quantity with its error
+        (`workbench.ui.comparison`); redrawn when a step arrives or the layout changes."""
+        self._predicted_version = -1
+        predicted = widgets.Accordion([self.predicted], titles=("Predicted beside measured",), selected_index=0)
+        super().__init__([self.header, self.controls.widget, self.runs, self.plots.widget, predicted, planning],
                          layout=widgets.Layout(width="100%"))
         self.add_class("workbench-dashboard")  # a handle for browser tests and user CSS
         self._refresh_runs()
@@ -75,6 +81,7 @@ class Dashboard(widgets.VBox):
             return
         self._refresh_runs()
         self.plots.refresh()
+        self._refresh_predicted()
         self.controls.refresh_status()
         self.header.value = _HEADER + _links_line(self.bench)
 
@@ -89,6 +96,16 @@ class Dashboard(widgets.VBox):
             self.runs.options = [(run_label(r, snap.current), r.id) for r in reversed(snap.runs)]
             self.runs.value = chosen
         self.runs.layout.display = "flex" if len(snap.runs) > 1 else "none"  # one run: nothing to compare
+
+    def _refresh_predicted(self) -> None:
+        snap = self.store.snapshot()
+        if snap.version == self._predicted_version:
+            return
+        self._predicted_version = snap.version
+        table = comparison_table(snap, self.bench.pool.device, self.bench.capabilities.get("name", ""))
+        self.predicted.value = table or ("<div style='font-size:13px;color:#666'>The estimate for this layout "
+                                         "appears beside its measurement after its first step with telemetry "
+                                         "(on a GPU with a profile: h100, h200, a100; on CPU ranks).</div>")
 
     def stop(self) -> None:
         """Stop live updates (the widgets stay as they are)."""

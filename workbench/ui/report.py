@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.config import Config
-from workbench.hardware import si
 from workbench.telemetry import run_summary
 from workbench.telemetry.store import Snapshot
+from workbench.ui.comparison import comparison_table
 from workbench.ui.panels import PANELS, static_figures
 
 if TYPE_CHECKING:
@@ -70,37 +70,8 @@ def report(bench: "Workbench", path: str | Path = "run.html", title: str = "work
     pool = bench.pool
     facts = {"ranks": str(pool.world_size), "device": pool.device, "backend": pool.backend or "?"}
     snap = bench.store.snapshot()
-    # On CPU ranks the estimate's CPU model is the one that describes them (GPU profiles await the dashboard).
-    comparison = _comparison(snap) if pool.device == "cpu" else ""
+    comparison = comparison_table(snap, pool.device, bench.capabilities.get("name", ""))
     return write_report(snap, pool.world_size, facts, path, title, beside, comparison)
-
-
-def _comparison(snap: Snapshot) -> str:
-    """The last layout's estimate beside its measured steps (`workbench.estimate.compare`), as a table; the CPU
-    profile is the matmul peak the ranks measured for their MFU (no measuring, no torch, in the notebook)."""
-    from workbench.estimate import estimate
-    from workbench.estimate.compare import compare
-    from workbench.hardware import cpu_with_peak
-
-    if not snap.layout_changes:
-        return ""
-    change = snap.layout_changes[-1]
-    metrics = [m for r in snap.ranks for m in snap.steps(r) if m.step >= change.step]
-    rated = [m for m in metrics if m.mfu and m.step_time_s]
-    if not rated:
-        return ""
-    hardware = cpu_with_peak(change.config.precision, rated[-1].flops / rated[-1].step_time_s / rated[-1].mfu)
-    cells = [(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit),
-              "" if r.error_pct is None else f"{r.error_pct:+.1f}%")
-             for r in compare(estimate(change.config, hardware), metrics)]
-    head = "".join(f"<th>{h}</th>" for h in ("quantity", "predicted", "measured", "error"))
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
-    title = f"Predicted beside measured ({html.escape(change.layout)}, cpu)"
-    return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>"
-
-
-def _fmt(value: float, unit: str) -> str:
-    return f"{value * 1e3:,.1f} ms" if unit == "s" else si(value, "B")
 
 
 def report_from_metrics(metrics: str | Path, path: str | Path = "run.html", config: Config | str | Path | None = None,

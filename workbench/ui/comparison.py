@@ -1,0 +1,57 @@
+"""Predicted beside measured, as the dashboard and `bench.report()` show it: the last layout's estimate next to the
+steps its ranks measured (`workbench.estimate.compare` makes the rows; this only picks the hardware profile that
+describes the ranks and writes the table)."""
+
+from __future__ import annotations
+
+import html
+
+from workbench.hardware import si
+from workbench.telemetry.store import Snapshot
+
+GPU_PROFILES = ("h200", "h100", "a100")
+"""Datasheet profiles a CUDA device is matched to by its name ("NVIDIA H100 80GB HBM3" -> "h100")."""
+
+
+def profile_for(device: str, device_name: str = "") -> str | None:
+    """The estimator's profile for ranks on `device` ("cpu", "cuda:0") named `device_name`; None for a GPU without
+    one (then there is no prediction to show)."""
+    if device.startswith("cpu"):
+        return "cpu"
+    name = device_name.lower()
+    return next((p for p in GPU_PROFILES if p in name), None)
+
+
+def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
+    """The last layout's predicted and measured figures with their errors, as an HTML table ("" before a step with
+    telemetry, or for a GPU without a profile). On CPU ranks the profile is the matmul peak they measured for
+    their MFU (no measuring, no torch, in the notebook)."""
+    from workbench.estimate import estimate
+    from workbench.estimate.compare import compare
+    from workbench.hardware import cpu_with_peak
+
+    profile = profile_for(device, device_name)
+    if profile is None or not snap.layout_changes:
+        return ""
+    change = snap.layout_changes[-1]
+    metrics = [m for r in snap.ranks for m in snap.steps(r) if m.step >= change.step and m.intervals]
+    if not metrics:
+        return ""
+    if profile == "cpu":
+        rated = [m for m in metrics if m.mfu and m.step_time_s]
+        if not rated:
+            return ""
+        hardware = cpu_with_peak(change.config.precision, rated[-1].flops / rated[-1].step_time_s / rated[-1].mfu)
+    else:
+        hardware = profile
+    cells = [(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit),
+              "" if r.error_pct is None else f"{r.error_pct:+.1f}%")
+             for r in compare(estimate(change.config, hardware), metrics)]
+    head = "".join(f"<th>{h}</th>" for h in ("quantity", "predicted", "measured", "error"))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    title = f"Predicted beside measured ({html.escape(change.layout)}, {html.escape(profile)})"
+    return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value * 1e3:,.1f} ms" if unit == "s" else si(value, "B")
