@@ -50,9 +50,8 @@ assert all(h[6 * z].loss < h[0].loss - 1.0 for z in (1, 2, 3)), "the loss carrie
 """,
     "02_tensor_parallel": """
 assert calls["all_gather"] == predicted["all_gather"] and calls["reduce_scatter"] == predicted["reduce_scatter"]
-assert set(sizes["all_reduce"]) == {24, 512}, sizes
-assert sum(1 for iv in last.intervals if iv.name == "all_reduce" and iv.bytes == 24) == 1
-assert calls["all_reduce"] > predicted["all_reduce"], "many small all-reduces where the estimate counts one"
+assert sizes["all_reduce"] == [24, 4608], sizes  # the trainer's vote; every norm's gradient in one call
+assert calls["all_reduce"] == predicted["all_reduce"] + 1 == 2, (calls, predicted)
 """,
     "03_pipeline_schedules": """
 for s in ("gpipe", "1f1b"):
