@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from workbench import hardware, links
 from workbench.config import Config
 from workbench.emulation.cluster import step_compute_s
-from workbench.estimate.records import Estimate, Role
+from workbench.estimate.records import Estimate, Role, StageEstimate
 from workbench.schedules import Durations, config_stages, placement, rank_orders, simulate, stage_rank
 
 VOTE_BYTES = 4 * 6
@@ -85,14 +85,14 @@ def predicted(cfg: Config, topology: links.Topology, fsdp_overlaps: bool = True)
             blocking = not fsdp_overlaps and cfg.zero >= 2 and c.axis == "dp" and c.role in FSDP_ROLES
             exposed += seconds if blocking else max(0.0, seconds - (s.time_s - s.exposed_s))
         if cfg.pp > 1:
-            exposed += span + _optimizer_s(est) - stage.compute_s
+            exposed += span + max(map(_optimizer_s, est.stages)) - stage.compute_s
         if exposed > exposed_most:
             exposed_most, calls_most = exposed, calls
     return StepFigures(max(s.compute_s for s in est.stages), exposed_most, calls_most, bubble)
 
 
-def _optimizer_s(est: Estimate) -> float:
-    return max(dict(s.compute_split).get("optimizer", 0.0) for s in est.stages)
+def _optimizer_s(stage: StageEstimate) -> float:
+    return dict(stage.compute_split).get("optimizer", 0.0)
 
 
 def _pipeline(cfg: Config, est: Estimate, topology: links.Topology) -> tuple[float, float]:
@@ -100,8 +100,7 @@ def _pipeline(cfg: Config, est: Estimate, topology: links.Topology) -> tuple[flo
     by the schedule run in time: a stage's micro-batch takes its estimated compute, a third forward and two thirds
     backward (a split backward: half each), and every hop takes a send of the stage's boundary on the link model."""
     chunks = config_stages(cfg)
-    per_rank = [(s.compute_s - dict(s.compute_split).get("optimizer", 0.0)) / cfg.micro_batches / chunks
-                for s in est.stages]
+    per_rank = [(s.compute_s - _optimizer_s(s)) / cfg.micro_batches / chunks for s in est.stages]
     durations = [Durations.split(t / 3, t / 3, t / 3) for t in per_rank]
     send = next(c for c in est.stages[0].comm if c.role is Role.PIPELINE)
     hop = links.collective_time("send", send.bytes / send.calls, axis_ranks(cfg, "pp"), topology)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.telemetry.store import RunRecord
+from workbench.telemetry.store import RunRecord, Snapshot
 from workbench.ui.comparison import comparison_table
 from workbench.ui.controls import Controls
 from workbench.ui.live import LivePlots, Ticker
@@ -79,14 +79,15 @@ class Dashboard(widgets.VBox):
                                 "are gone. Its runs stay in the plots and in bench.runs.")
             self.stop()
             return
-        self._refresh_runs()
+        snap = self.store.snapshot()  # one copy of the store for the picker and the table (the plots take their own)
+        self._refresh_runs(snap)
         self.plots.refresh()
-        self._refresh_predicted()
+        self._refresh_predicted(snap)
         self.controls.refresh_status()
         self.header.value = _HEADER + _links_line(self.bench)
 
-    def _refresh_runs(self) -> None:
-        snap = self.store.snapshot()
+    def _refresh_runs(self, snap: Snapshot | None = None) -> None:
+        snap = self.store.snapshot() if snap is None else snap
         seen = tuple((r.id, len(r.steps(0))) for r in snap.runs)
         if seen == self._runs_seen:
             return
@@ -97,8 +98,7 @@ class Dashboard(widgets.VBox):
             self.runs.value = chosen
         self.runs.layout.display = "flex" if len(snap.runs) > 1 else "none"  # one run: nothing to compare
 
-    def _refresh_predicted(self) -> None:
-        snap = self.store.snapshot()
+    def _refresh_predicted(self, snap: Snapshot) -> None:
         if snap.version == self._predicted_version:
             return
         self._predicted_version = snap.version

@@ -111,7 +111,6 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, cfg: Config, *, loss_paral
     return model
 
 
-
 def reduce_partial_gradients(modules) -> None:
     """Sum the gradients that backward left Partial over a mesh, once, in place; every rank calls it after backward.
 
@@ -136,5 +135,5 @@ def reduce_partial_gradients(modules) -> None:
         locals_ = [p.grad.to_local() for p in params]
         flat = torch.cat([t.reshape(-1) for t in locals_])
         dist.all_reduce(flat, group=mesh.get_group())
-        for p, piece in zip(params, flat.split([t.numel() for t in locals_])):
-            p.grad = DTensor.from_local(piece.view_as(p.grad.to_local()), mesh, replicated, run_check=False)
+        for p, local, piece in zip(params, locals_, flat.split([t.numel() for t in locals_])):
+            p.grad = DTensor.from_local(piece.view_as(local), mesh, replicated, run_check=False)
