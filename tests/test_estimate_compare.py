@@ -6,7 +6,7 @@ import pytest
 
 import workbench as wb
 from workbench.estimate import estimate
-from workbench.estimate.compare import Comparison, compare
+from workbench.estimate.compare import Comparison, compare, predicted_memory
 
 
 def measured_steps(cfg: wb.Config, steps: int = 2) -> list[wb.StepMetrics]:
@@ -39,6 +39,20 @@ def test_comparison_of_a_real_run(pool):
     assert rows["step time: compute"].measured <= step.measured
 
 
+def test_a_pipelines_bubble_is_compared_as_waiting_not_as_compute():
+    """Pipeline ranks measure the bubble as time waiting on a receive: the compute row is the busiest stage's own
+    compute, and the waiting row (exposed communication and bubble) the rest of the predicted step."""
+    from tests.ui.fakes import step_metrics
+
+    cfg = wb.Config(pp=2, micro_batches=4)
+    est = estimate(cfg, "cpu")
+    rows = {r.quantity: r for r in compare(est, [step_metrics(r, 3, layout=cfg.layout) for r in range(2)])}
+    compute, waiting = rows["step time: compute"], rows["step time: exposed communication and bubble"]
+    assert compute.predicted == max(stage.compute_s for stage in est.stages) < est.compute_s
+    assert compute.predicted + waiting.predicted == pytest.approx(rows["step time"].predicted)
+    assert waiting.predicted > est.exposed_comm_s  # the bubble is in it
+
+
 def test_comparison_rows_say_their_error():
     row = Comparison("memory: activations", "B", 110.0, 100.0)
     assert row.error == pytest.approx(0.1) and row.error_pct == pytest.approx(10.0)
@@ -57,3 +71,21 @@ def test_the_report_carries_the_comparison(tmp_path):
     for needle in ("Predicted beside measured (dp2·zero1, cpu)", "memory: activations", "step time: compute",
                    "bytes: all_reduce"):
         assert needle in text, needle
+
+
+def test_each_rank_is_predicted_its_pipeline_stages_memory():
+    """Ranks map to stages as the engine's mesh places them (pp outermost): with dp=2 × pp=2, ranks 0 and 1 hold
+    stage 0 and ranks 2 and 3 stage 1, whose activations differ (1F1B keeps fewer micro-batches in flight late)."""
+    from workbench.engine.mesh import mesh_layout
+    from workbench.hardware import cpu_with_peak
+
+    cfg = wb.Config(dp=2, pp=2, micro_batches=4)
+    est = estimate(cfg, cpu_with_peak(cfg.precision, 1.0))
+    by_rank = predicted_memory(est, cfg)
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    assert [mesh_layout(cfg).coordinate(r)["pp"] for r in range(4)] == [0, 0, 1, 1]
+    for rank, stage in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        memory = est.stages[stage].memory
+        assert by_rank[rank] == {c: getattr(memory, c) for c in ("parameters", "optimizer", "gradients",
+                                                                 "activations")}
+    assert by_rank[0]["activations"] > by_rank[2]["activations"]

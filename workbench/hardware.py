@@ -206,6 +206,19 @@ def profile(name: str) -> Hardware:
                          "or pass a Hardware(...)") from None
 
 
+GPU_PROFILES = ("h200", "h100", "a100")
+"""Datasheet profiles a CUDA device is matched to by its name ("NVIDIA H100 80GB HBM3" -> "h100")."""
+
+
+def profile_for(device: str, device_name: str = "") -> str | None:
+    """The estimator's profile for ranks on `device` ("cpu", "cuda:0") named `device_name`; None for a GPU without
+    one (then there is no prediction to show)."""
+    if device.startswith("cpu"):
+        return "cpu"
+    name = device_name.lower()
+    return next((p for p in GPU_PROFILES if p in name), None)
+
+
 def cpu_with_peak(precision: str, peak_flops: float) -> Hardware:
     """This machine's CPU profile from a matmul peak the ranks already measured (StepMetrics' mfu basis), without
     measuring again or importing torch in the notebook; memory bandwidth is left unmeasured (0: the CPU model does

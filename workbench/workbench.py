@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import shutil
 import sys
@@ -31,6 +32,8 @@ from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool, RemoteError
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
+
+log = logging.getLogger("workbench")
 
 
 class _OnRanks:
@@ -232,9 +235,28 @@ class Workbench:
         with self._doing(phase):
             info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
         resharded = bool(info["resharded"])
-        self.store.start_run(cfg, self._next_step() if resharded else 0, continues=resharded, origin=origin, name=run)
+        self.store.start_run(cfg, self._next_step() if resharded else 0, continues=resharded, origin=origin, name=run,
+                             predicted_memory=self._predicted_memory(cfg))
         self.config = cfg
         return info
+
+    def _predicted_memory(self, cfg: Config) -> dict[int, dict[str, int]]:
+        """Each rank's memory as the estimator predicts it for `cfg` on these ranks' device, for the memory plot;
+        {} where no hardware profile describes the device, or the estimator cannot price the layout there."""
+        from workbench.estimate import estimate
+        from workbench.estimate.compare import predicted_memory
+        from workbench.hardware import cpu_with_peak, profile_for
+
+        profile = profile_for(self.capabilities["device"], self.capabilities.get("name", ""))
+        if profile is None:
+            return {}
+        # The CPU model's memory does not read the matmul peak; the ranks measure it with their first steps.
+        hardware = cpu_with_peak(cfg.precision, 1.0) if profile == "cpu" else profile
+        try:
+            return predicted_memory(estimate(cfg, hardware), cfg)
+        except Exception:  # noqa: BLE001 - the ranks already hold the layout: a missing prediction must not undo it
+            log.warning("no memory estimate for %s", cfg.layout, exc_info=True)
+            return {}
 
     @contextlib.contextmanager
     def _doing(self, phase: str) -> Iterator[None]:
@@ -360,7 +382,8 @@ class Workbench:
         resumed = manifest["next_step"]
         # A checkpoint of this history (its step trained here) branches off it; any other starts a history.
         ours = any(m.step == resumed - 1 for m in self.history)
-        self.store.start_run(self.config, resumed, continues=ours, origin=f"loaded {checkpoint_dir}", name=run)
+        self.store.start_run(self.config, resumed, continues=ours, origin=f"loaded {checkpoint_dir}", name=run,
+                             predicted_memory=self._predicted_memory(self.config))
         return {"path": checkpoint_dir, "step": resumed, "saved_layout": manifest["layout"], **info}
 
     # -- the large run ---------------------------------------------------------------------------

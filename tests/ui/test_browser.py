@@ -109,6 +109,9 @@ _PLOTS_JS = """() => Array.from(document.querySelectorAll('.workbench-dashboard 
     points: gd.data.map(t => (t.y || []).length),
     notes: (gd.layout.annotations || []).map(a => a.text)}))"""
 
+_MEMORY_BARS_JS = """() => { const gd = Array.from(document.querySelectorAll('.workbench-dashboard .js-plotly-plot'))
+    .find(g => ((g.layout.title && g.layout.title.text) || '').startsWith('Memory per rank'));
+    return gd && gd.data[0].x ? Array.from(gd.data[0].x[1]) : []; }"""
 # Boxes of what must not overlap: the dashboard's parts, the plot cells, the inputs of each line of controls,
 # and inside every plot its legend, axis titles and the loss plot's layout labels.
 _BOXES_JS = """() => {
@@ -272,6 +275,10 @@ def _walk_through(page, url: str, token: str) -> None:
     assert loss["notes"][:2] == ["dp2", "pp2·1f1b×4"], loss["notes"]
     assert any(p["title"].startswith("Pipeline schedule: 1f1b, pp=2, m=4") for p in page.evaluate(_PLOTS_JS))
     _log("trained 6 steps from the dashboard")
+
+    # Predicted beside measured for the new layout: the table, and a hatched estimate bar beside each rank's memory.
+    board.get_by_text("Predicted beside measured (pp2·1f1b×4, cpu)").wait_for(timeout=30_000)
+    _wait(lambda: page.evaluate(_MEMORY_BARS_JS).count("predicted") == 2, 30, "the memory plot's predicted bars")
 
     # Restart asks first; cancelling leaves the ranks as they are.
     board.get_by_role("button", name="Restart").click()

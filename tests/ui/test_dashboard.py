@@ -36,7 +36,7 @@ def test_apply_and_train_fill_the_plots(bench):
         loss = d.plots.figures["loss"]
         _until(lambda: loss.data[0].x is not None and len(loss.data[0].x) == 20)
         assert [a.text for a in loss.layout.annotations] == ["dp2"]
-        _until(lambda: len(d.plots.figures["memory"].data[0].y) == 4)
+        _until(lambda: len(d.plots.figures["memory"].data[0].y) == 6)  # end of step, peak, predicted: per rank
         _until(lambda: "20 steps trained" in d.controls.status.value)
     finally:
         d.close()
@@ -112,7 +112,8 @@ def test_with_real_ranks(pool):
 def test_the_estimate_stands_beside_the_measurement_and_follows_the_layout(bench):
     """Predicted beside measured, live: after a step the dashboard shows the last layout's estimate next to what
     its ranks measured, each row with its error; another layout redraws it for that layout."""
-    from workbench.ui.comparison import profile_for
+    from workbench.estimate import estimate
+    from workbench.hardware import cpu_with_peak, profile_for
 
     d = dashboard(bench)
     try:
@@ -128,6 +129,13 @@ def test_the_estimate_stands_beside_the_measurement_and_follows_the_layout(bench
         bench.train(2).wait()
         _until(lambda: "(dp2·zero3, cpu)" in d.predicted.value)
         assert "bytes: all_gather" in d.predicted.value
+        # The memory plot's hatched bars are this layout's estimate, rank by rank (each rank's stage's figures).
+        memory = d.plots.figures["memory"]
+        _until(lambda: list(memory.data[0].x[1]).count("predicted") == 2)
+        stage = estimate(wb.Config(dp=2, zero=3), cpu_with_peak("fp32", 1.0)).stages[0].memory
+        by_cat = {t.name: [y for y, label in zip(t.y, t.x[1]) if label == "predicted"] for t in memory.data}
+        for category in ("parameters", "optimizer", "gradients", "activations"):
+            assert by_cat[category] == [getattr(stage, category)] * 2, category
     finally:
         d.close()
     assert profile_for("cuda:0", "NVIDIA H100 80GB HBM3") == "h100" and profile_for("cuda:0", "Tesla T4") is None

@@ -85,6 +85,28 @@ def test_memory_per_rank_stacked_by_category_with_the_peak():
     assert [t.visible for t in fig.data] == [True, True, True, True, "legendonly"]  # "other": one click away
 
 
+def test_the_estimate_stands_hatched_beside_each_ranks_measured_memory():
+    store = TelemetryStore()
+    predicted = {r: {"parameters": 3_000_000, "optimizer": 6_000_000, "gradients": 3_000_000,
+                     "activations": 18_000_000 + r} for r in range(2)}
+    store.start_run(wb.Config(dp=2), 0, continues=False, predicted_memory=predicted)
+    for step in range(2):
+        for r in range(2):
+            store.add(r, step_metrics(r, step))
+    fig = LivePlots(store, 2).figures["memory"]
+    by_cat = {t.name: list(t.y) for t in fig.data}
+    assert list(fig.data[0].x[1]) == ["end of step", "peak", "predicted"] * 2
+    assert by_cat["activations"][2::3] == [18_000_000, 18_000_001]
+    assert by_cat["optimizer"][2::3] == [6_000_000] * 2 and by_cat["other"][2::3] == [None] * 2  # not modelled
+    assert list(fig.data[0].marker.pattern.shape) == ["", "", "/"] * 2
+    # A run without an estimate (a GPU with no profile) draws the measurement alone.
+    store.start_run(wb.Config(dp=2, seed=1), 0, continues=False)
+    for r in range(2):
+        store.add(r, step_metrics(r, 0))
+    fig = LivePlots(store, 2).figures["memory"]
+    assert list(fig.data[0].x[1]) == ["end of step", "peak"] * 2
+
+
 def _traces(fig) -> dict:
     return {t.name: t for t in fig.data}
 

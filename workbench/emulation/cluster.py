@@ -227,7 +227,7 @@ def target_compute_s(cfg: "Config", cluster: Cluster, rank: int) -> float:
     rank's pipeline stage (bubble excluded, as the rank's own compute spans exclude it), by its kernel model or at
     `cluster.efficiency` of the peak when that is stated."""
     stages = _stage_compute(cfg, cluster._base().gpu, cluster.efficiency)
-    return stages[rank // (cfg.world_size // cfg.pp)]  # pp is the mesh's outermost dimension
+    return stages[cfg.degrees.mesh_layout().coordinate(rank)["pp"]]
 
 
 @functools.lru_cache(maxsize=32)

@@ -7,8 +7,9 @@ rank's last step is read (the first steps warm up). What each row compares:
   step's end: mid-step the telemetry counts FSDP2's gathered parameters as parameters, the estimate as buffers),
   gradients and activations at their peak (StepMetrics.peak_memory); the telemetry's "other" is the rest of the
   process, which the estimate does not model, so it is left out;
-- step time, its compute and its exposed communication: Estimate.step_time_s, compute_s, exposed_comm_s against
-  StepMetrics.step_time_s, step_time_s - exposed_comm_s, exposed_comm_s;
+- step time, its compute and its exposed communication: Estimate.step_time_s, the busiest stage's compute and the
+  rest of the step against StepMetrics.step_time_s, step_time_s - exposed_comm_s, exposed_comm_s (a pipeline's
+  ranks wait out the bubble as they wait for a receive, so there the bubble is part of the waiting row);
 - communication bytes per collective kind: the estimate's payload per step (nccl-tests' size, `Collective.bytes`)
   against the recorded intervals' `Interval.bytes`, summed by kind (a pipeline's send_recv is its sends). The
   trainer's one world all-reduce per step (the loss and votes, a few bytes) is measured, not estimated.
@@ -18,10 +19,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 from workbench.estimate.records import Estimate
 from workbench.telemetry.events import StepMetrics
+
+if TYPE_CHECKING:
+    from workbench.config import Config
 
 AT_REST = ("parameters", "optimizer")
 AT_PEAK = ("gradients", "activations")
@@ -64,12 +68,15 @@ def compare(est: Estimate, metrics: Iterable[StepMetrics]) -> tuple[Comparison, 
         read = (lambda m: m.memory) if category in AT_REST else (lambda m: m.peak_memory)
         measured = max(read(m).get(category, 0) for m in steps)
         rows.append(Comparison(f"memory: {category}", "B", getattr(memory, category), measured))
-    slowest = max(steps, key=lambda m: m.step_time_s)
+    # A rank measures its own compute and, as waiting, the communication it could not hide and (in a pipeline) the
+    # bubble; the estimate's compute_s carries the bubble, so its own compute is the busiest stage's, and the
+    # rest of its step is the waiting.
+    own_s = max(stage.compute_s for stage in est.stages)
+    waiting = "step time: exposed communication" + (" and bubble" if len(est.stages) > 1 else "")
     rows += [
-        Comparison("step time", "s", est.step_time_s, slowest.step_time_s),
-        Comparison("step time: compute", "s", est.compute_s, slowest.step_time_s - slowest.exposed_comm_s),
-        Comparison("step time: exposed communication", "s", est.exposed_comm_s,
-                   max(m.exposed_comm_s for m in steps)),
+        Comparison("step time", "s", est.step_time_s, max(m.step_time_s for m in steps)),
+        Comparison("step time: compute", "s", own_s, max(m.step_time_s - m.exposed_comm_s for m in steps)),
+        Comparison(waiting, "s", est.step_time_s - own_s, max(m.exposed_comm_s for m in steps)),
     ]
     predicted = _by_kind((c.kind, c.bytes) for c in est.comm)
     measured_by_rank = [_by_kind((iv.name, iv.bytes) for iv in m.intervals if iv.kind == "comm") for m in steps]
@@ -78,6 +85,16 @@ def compare(est: Estimate, metrics: Iterable[StepMetrics]) -> tuple[Comparison, 
         rows.append(Comparison(f"bytes: {kind}", "B", predicted.get(kind, 0),
                                max(r.get(kind, 0) for r in measured_by_rank)))
     return tuple(rows)
+
+
+def predicted_memory(est: Estimate, cfg: "Config") -> dict[int, dict[str, int]]:
+    """Each rank's memory in the telemetry's categories as `est` (the estimate of `cfg`) predicts it, read as
+    `compare` reads the measured ones: parameters and optimizer at rest, gradients and activations at their peak.
+    A rank's figures are its pipeline stage's (every rank of a stage looks the same); "other", the rest of the
+    process, is not modelled and is absent. What the memory plot draws beside each rank's measured bars."""
+    mesh = cfg.degrees.mesh_layout()
+    return {rank: {category: getattr(est.stages[mesh.coordinate(rank)["pp"]].memory, category)
+                   for category in (*AT_REST, *AT_PEAK)} for rank in range(mesh.world_size)}
 
 
 def _by_kind(pairs: Iterable[tuple[str, int]]) -> dict[str, int]:

@@ -90,6 +90,9 @@ class RunRecord:
     """The step it starts at (a resharded run continues its model's count; a new model starts at 0)."""
     by_rank: dict[int, tuple[StepMetrics, ...]] = field(default_factory=dict)
     """Each rank's metrics in step order."""
+    predicted_memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Each rank's memory by category as the estimator predicts it for this layout on these ranks' hardware
+    (`workbench.estimate.compare.predicted_memory`); empty where there is no estimate to show."""
 
     @property
     def layout(self) -> str:
@@ -272,12 +275,13 @@ class TelemetryStore:
         self._notify(event)
 
     def start_run(self, config: Config, first_step: int, *, continues: bool, origin: str | None = None,
-                  name: str | None = None) -> RunRecord:
+                  name: str | None = None, predicted_memory: dict[int, dict[str, int]] | None = None) -> RunRecord:
         """Open a run of `config` from `first_step` (Workbench.apply and load call this); later steps belong to it.
 
         continues: its weights continue the current run's (a reshard; a checkpoint loaded into this lineage),
         which becomes its parent; else it is a new model. A current run that trained nothing is replaced
-        rather than kept (its parent and its model are the new run's to continue).
+        rather than kept (its parent and its model are the new run's to continue). predicted_memory: the
+        estimate the memory plot draws beside the measurement (`RunRecord.predicted_memory`).
         """
         with self._lock:
             current = self._runs[-1].record if self._runs else None
@@ -298,7 +302,8 @@ class TelemetryStore:
                 model = self._models
             record = RunRecord(id=run_id, name=name or f"{run_id} · {config.layout}", config=config, model=model,
                                parent=parent.id if parent is not None else None, origin=how or "new model",
-                               started=time.time(), first_step=first_step)
+                               started=time.time(), first_step=first_step,
+                               predicted_memory=dict(predicted_memory or {}))
             self._runs.append(_OpenRun(record))
             self._version += 1
         self._notify(record)

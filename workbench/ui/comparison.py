@@ -6,21 +6,8 @@ from __future__ import annotations
 
 import html
 
-from workbench.hardware import si
+from workbench.hardware import profile_for, si
 from workbench.telemetry.store import Snapshot
-
-GPU_PROFILES = ("h200", "h100", "a100")
-"""Datasheet profiles a CUDA device is matched to by its name ("NVIDIA H100 80GB HBM3" -> "h100")."""
-
-
-def profile_for(device: str, device_name: str = "") -> str | None:
-    """The estimator's profile for ranks on `device` ("cpu", "cuda:0") named `device_name`; None for a GPU without
-    one (then there is no prediction to show)."""
-    if device.startswith("cpu"):
-        return "cpu"
-    name = device_name.lower()
-    return next((p for p in GPU_PROFILES if p in name), None)
-
 
 def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
     """The last layout's predicted and measured figures with their errors, as an HTML table ("" before a step with

@@ -1,4 +1,5 @@
-"""Memory per rank by category: now (end of step and peak), and the peak of each run picked for comparison."""
+"""Memory per rank by category: now (end of step and peak) beside what the estimator predicted for the layout, and
+the peak of each run picked for comparison."""
 
 from __future__ import annotations
 
@@ -27,22 +28,28 @@ def setup_memory(fig: go.Figure, world_size: int) -> None:
 def draw_memory(fig: go.Figure, snap: Snapshot) -> None:
     latest = snap.common_latest()
     ranks = [r for r in sorted(latest) if latest[r].memory or latest[r].peak_memory]
-    # Per rank: the bytes held at the end of the latest step and each category's peak during it; then, for each
-    # run picked to compare, the peak of its last step.
+    # Per rank: the bytes held at the end of the latest step, each category's peak during it and the estimate (its
+    # parameters and optimizer at rest, its gradients and activations at their peak, as `compare` reads both); then,
+    # for each run picked to compare, the peak of its last step.
+    predicted = snap.current.predicted_memory if snap.current is not None else {}
     bars = [(f"rank {r}", label, d) for r in ranks
-            for label, d in (("end of step", latest[r].memory), ("peak", latest[r].peak_memory))]
+            for label, d in (("end of step", latest[r].memory), ("peak", latest[r].peak_memory),
+                             ("predicted", predicted.get(r))) if d]
     compared = [(run, snap.common_latest(run)) for run in compared_runs(snap)]
     for run, last in compared:
         bars += [(f"rank {r}", f"run {run.id} peak", last[r].peak_memory) for r in sorted(last)
                  if last[r].peak_memory]
     x = [[rank for rank, _, _ in bars], [label for _, label, _ in bars]]
+    # The estimate's bars are hatched: the same colours, read as a prediction, not a measurement.
+    hatch = ["/" if label == "predicted" else "" for _, label, _ in bars]
     for cat, trace in zip(MEMORY_CATEGORIES, fig.data):
         trace.x = x
         trace.y = [d.get(cat) for _, _, d in bars]
+        trace.marker.pattern.shape = hatch
         trace.hovertemplate = f"{cat}: %{{y:.3s}}B<extra>%{{x}}</extra>"
     step = next(iter(latest.values())).step if latest else None
     title = f"Memory per rank by category, step {step}" if ranks else "Memory per rank by category"
-    sub = "'other' (the runtime) starts hidden: click it in the legend"
+    sub = "hatched: predicted · 'other' (the runtime) is hidden: click it"
     if compared:
         sub = "beside: " + ", ".join(f"run {run.id} = {run.name}" for run, _ in compared) + " · " + sub
     fig.layout.title.text = f"{title}<br><sup>{sub}</sup>" if bars else title
