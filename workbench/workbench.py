@@ -29,73 +29,12 @@ from workbench.emulation import Cluster, status_line
 from workbench.emulation import rank as emulation
 from workbench.emulation.cluster import emulation_for, target_compute_s
 from workbench.machine import Machine, world_size_warning
-from workbench.pool import Handle, Pool, RemoteError
+from workbench.pool import Handle, Pool
+from workbench.rank_session import RankSession
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
 
 log = logging.getLogger("workbench")
-
-
-class _OnRanks:
-    """A function of `workbench.engine.session`, sent by name: importing that module here, to send the function
-    itself, would bring torch and torch.distributed into the notebook (about 3 s of its start, for nothing it
-    uses)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.__qualname__ = name  # what the pool's reports call the command, as they would the function
-
-    def __repr__(self) -> str:
-        return f"workbench.engine.session.{self.name}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from workbench.engine import session
-
-        return getattr(session, self.name)(*args, **kwargs)
-
-
-class RankSession:
-    """The commands a Workbench sends to the session on every rank (`workbench.engine.session`), one method each.
-
-    The one narrow interface between the notebook's facade and the model on the
-    ranks: each method runs its command on every rank and returns rank 0's
-    answer (`train` returns at once, with a handle). Tests of the UI fake this
-    interface instead of the pool.
-    """
-
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-
-    def capabilities(self) -> dict[str, Any]:
-        return self.pool.run(_OnRanks("capabilities"))[0]
-
-    def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
-        return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh)[0]
-
-    def train(self, steps: int, run_id: str, saves: checkpoints.SaveSchedule | None) -> Handle:
-        return self.pool.run_async(_OnRanks("train"), steps, run_id, saves)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every rank's part of the training state, for the notebook to hold (`workbench.recovery`)."""
-        return self.pool.run(_OnRanks("snapshot"))
-
-    def restore(self, snapshot: list[dict[str, Any]]) -> int:
-        return self.pool.run(_OnRanks("restore"), snapshot)[0]
-
-    def save(self, directory: str, keep: int | None, nonce: str) -> str:
-        return self._checkpoint_command(_OnRanks("save"), directory, keep, nonce)
-
-    def load(self, path: str, saved: dict[str, Any]) -> dict[str, Any]:
-        return self._checkpoint_command(_OnRanks("load"), path, saved)
-
-    def _checkpoint_command(self, fn: Any, *args: Any) -> Any:
-        """Run a checkpoint command on every rank; a CheckpointError raised there is raised here as itself."""
-        try:
-            return self.pool.run(fn, *args)[0]
-        except RemoteError as e:
-            if e.exc_type == "CheckpointError":
-                raise checkpoints.CheckpointError(e.remote_message) from e
-            raise
 
 
 class Run:

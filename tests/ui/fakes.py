@@ -98,7 +98,7 @@ class FakePool:
 
 
 class FakeSession:
-    """The Workbench's commands to its ranks (`wb.workbench.RankSession`) answered as two CPU ranks would:
+    """The Workbench's commands to its ranks (`workbench.rank_session.RankSession`) answered as two CPU ranks would:
     capabilities, apply (reshard unless a new model), and train at `step_s` per step, emitting synthetic
     StepMetrics through the pool from a thread."""
 

@@ -27,6 +27,9 @@ def test_one_file_with_plotly_once_every_panel_and_every_layout(tmp_path):
     for expected in ("dp2·zero1", "tp2·bf16", "<th>from step</th>", "<td>5</td>", "tiny", "steps trained",
                      "<td>resharded from run 1</td>"):
         assert expected in text, expected
+    # Predicted beside measured, as the dashboard shows it: the table, and the estimate's bars in the memory plot.
+    assert "Predicted beside measured (tp2·bf16, cpu)" in text and "memory: activations" in text
+    assert '"predicted"' in text
 
 
 def test_a_session_without_steps_still_writes_a_readable_file(tmp_path):
