@@ -15,7 +15,7 @@ from workbench import links
 from workbench.config import Config, ModelConfig
 from workbench.engine.model import build_model, loss_fn
 from workbench.estimate import ASSUMPTIONS, GPU_ASSUMPTIONS, Estimate, estimate, flops_per_token
-from workbench.hardware import A100, DATASHEETS, H100, H200, Hardware, measure_cpu, profile, si
+from workbench.hardware import A100, DATASHEETS, H100, H200, Hardware, cpu_with_peak, measure_cpu, profile, si
 
 TINY = ModelConfig.preset("tiny")
 EIGHT_B = ModelConfig.preset("8b")
@@ -305,8 +305,9 @@ def test_efficiency_scales_compute_time():
 
 def test_pipeline_bubble():
     cfg = Config(pp=2, micro_batches=2, batch_size=8)
-    single = estimate(Config(batch_size=8, micro_batches=2), "cpu")
-    piped = estimate(cfg, "cpu")
+    cpu = cpu_with_peak("fp32", 1e10)  # one CPU for both ("cpu" is measured at each world's threads per rank)
+    single = estimate(Config(batch_size=8, micro_batches=2), cpu)
+    piped = estimate(cfg, cpu)
     # Two stages share the work, but (m + pp - 1) / m = 3/2 slots pass: the step takes 3/4 of the single rank's.
     head_share = piped.stages[1].flops / (piped.stages[0].flops + piped.stages[1].flops)
     assert piped.compute_s == pytest.approx(single.compute_s * head_share * 3 / 2)
@@ -357,6 +358,33 @@ def test_cpu_profile_is_measured():
     assert cpu.memory_bytes > 1e9 and cpu.mem_bw > 1e8
     est = estimate(Config(), hardware=cpu)
     assert est.hardware is cpu and est.compute_s > estimate(Config()).compute_s
+
+
+def test_the_notebooks_cpu_estimate_measures_the_cpu_as_its_ranks_see_it(monkeypatch):
+    """In the notebook, "cpu" is measured at the intra-op threads each local rank of the layout gets (the cores
+    shared among them, as the pool sets them), not at the notebook's own: it predicts the ranks."""
+    import os
+
+    import torch
+
+    from workbench import hardware
+
+    seen = []
+
+    def measure(torch_module, budget_s):
+        seen.append(torch_module.get_num_threads())
+        return hardware.cpu_with_peak("fp32", 1e9)
+
+    monkeypatch.setattr(hardware, "_measure_cpu", measure)
+    hardware._measured_cpu.cache_clear()
+    before = torch.get_num_threads()
+    try:
+        estimate(Config(dp=2), "cpu")
+        estimate(Config(), "cpu")
+    finally:
+        hardware._measured_cpu.cache_clear()
+    assert seen == [max(1, (os.cpu_count() or 1) // 2), os.cpu_count() or 1]
+    assert torch.get_num_threads() == before  # the notebook's own threads are left as they were
 
 
 def test_custom_hardware():

@@ -193,12 +193,12 @@ GLOO_LOOPBACK_BW = 0.85 * GB
 project; the CPU profile's link, since ranks on one machine talk through loopback TCP."""
 
 
-def profile(name: str) -> Hardware:
+def profile(name: str, ranks: int | None = None) -> Hardware:
     """A profile by name: "h100" (SXM), "h100-96gb" (torchtitan's 500 W H100s), "h200", "a100" (datasheets) or
-    "cpu" (measured here, once per process)."""
+    "cpu" (measured here, once per process; with `ranks`, as each of that many local ranks sees it: `cpu_for`)."""
     key = name.lower()
     if key == "cpu":
-        return measure_cpu()
+        return measure_cpu() if ranks is None else cpu_for(ranks)
     try:
         return DATASHEETS[key]
     except KeyError:
@@ -228,20 +228,45 @@ def cpu_with_peak(precision: str, peak_flops: float) -> Hardware:
                     link_bw=GLOO_LOOPBACK_BW, measured=True, kind="cpu", sms=1, cluster="", gpus_per_node=1)
 
 
-@functools.cache
-def measure_cpu(budget_s: float = 0.3) -> Hardware:
-    """This machine's CPU with torch's current thread count: matmul peak per precision and copy bandwidth, measured.
+def measure_cpu(budget_s: float = 0.3, threads: int | None = None) -> Hardware:
+    """This machine's CPU at `threads` intra-op threads (torch's current count by default): matmul peak per
+    precision and copy bandwidth, measured.
 
     Each precision gets about `budget_s` seconds; the peak is the best rate over square matmuls of growing size.
-    On a pool's ranks it is measured once per pool: a restarted rank reuses it (`pool.rank.machine_fact`).
+    Measured once per process and thread count; on a pool's ranks once per pool: a restarted rank reuses it
+    (`pool.rank.machine_fact`).
     """
+    import torch
+
+    current = torch.get_num_threads()
+    return _measured_cpu(budget_s, current if threads is None else threads)
+
+
+@functools.cache
+def _measured_cpu(budget_s: float, threads: int) -> Hardware:
     import torch
 
     from workbench.pool import rank
 
-    fields = rank.machine_fact(f"cpu-{torch.get_num_threads()}threads-{budget_s}s",
-                               lambda: dataclasses.asdict(_measure_cpu(torch, budget_s)))
+    current = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fields = rank.machine_fact(f"cpu-{threads}threads-{budget_s}s",
+                                   lambda: dataclasses.asdict(_measure_cpu(torch, budget_s)))
+    finally:
+        torch.set_num_threads(current)
     return Hardware(**fields)
+
+
+def cpu_for(ranks: int) -> Hardware:
+    """This machine's CPU as each of `ranks` local ranks sees it: on a rank, at its own threads; elsewhere
+    (the notebook) at the threads a local rank of a pool that size gets (the cores shared among the ranks, as the
+    pool sets them), so that the notebook's estimate predicts its ranks, not itself."""
+    from workbench.pool import rank
+
+    if rank.info is not None:
+        return measure_cpu()
+    return measure_cpu(threads=max(1, (os.cpu_count() or 1) // ranks))
 
 
 def _measure_cpu(torch, budget_s: float) -> Hardware:

@@ -39,7 +39,7 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     stated MFU assumption: executed FLOPs run at that fraction of the device's peak.
     features: published-run settings the engine lacks (torch.compile, Float8, loss parallel) to model as well.
     """
-    hw = profile(hardware) if isinstance(hardware, str) else hardware
+    hw = profile(hardware, ranks=cfg.world_size) if isinstance(hardware, str) else hardware
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
     if features != NO_FEATURES and hw.kind == "cpu":
