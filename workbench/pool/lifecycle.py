@@ -23,6 +23,7 @@ from typing import Callable
 
 from workbench.pool import launch
 from workbench.pool.health import ProcessSample
+from workbench.pool.zygote import ForkedRank, Zygote, ZygoteError
 
 log = logging.getLogger("workbench.pool")
 
@@ -48,18 +49,31 @@ class LocalRanks:
     """The local rank processes of one session, by rank: spawned preparing, then told to connect."""
 
     def __init__(self, address: str, key_file: str, world_size: int, env: dict[str, str], on_output: Output, *,
-                 nice: bool = False) -> None:
-        self.procs: dict[int, subprocess.Popen] = {}
+                 nice: bool = False, zygote: "Zygote | None" = None, fork_timeout_s: float = 120.0) -> None:
+        self.procs: dict[int, subprocess.Popen | ForkedRank] = {}
         self.prepared: set[int] = set()
         self.spawned_at = time.monotonic()
         self.activated_at: float | None = None
+        self.forked = zygote is not None
+        """Forked from a prepared zygote (`workbench.pool.zygote`) rather than spawned."""
         for r in range(world_size):
             argv = launch.local_worker_argv(address, key_file, r, world_size) + ["--standby"]
-            self.procs[r] = subprocess.Popen(argv + (["--nice"] if nice else []), env=env, stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            argv += ["--nice"] if nice else []
+            self.procs[r] = self._start(argv, env, zygote, fork_timeout_s)
             for stream in ("stdout", "stderr"):
                 threading.Thread(target=self._pump, args=(getattr(self.procs[r], stream), r, stream, on_output),
                                  daemon=True, name=f"workbench-rank{r}-{stream}").start()
+
+    def _start(self, argv: list[str], env: dict[str, str], zygote: "Zygote | None",
+               fork_timeout_s: float) -> "subprocess.Popen | ForkedRank":
+        if zygote is not None and zygote.alive:
+            try:
+                return zygote.fork(argv[3:], env, fork_timeout_s)  # after `python -m workbench.pool.worker`
+            except ZygoteError as e:
+                log.warning("workbench pool: %s; spawning the rank instead", e)
+        self.forked = False
+        return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
 
     def activate(self) -> None:
         """Tell every rank to connect (each does so once prepared); a standby taken early is reniced now."""
@@ -117,6 +131,8 @@ class LocalRanks:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 log.error("workbench pool: rank pid %d did not exit after SIGKILL", proc.pid)
+            if isinstance(proc, ForkedRank):
+                proc.zygote.forget(proc.pid)  # its exit code is kept in proc: the zygote's record is not needed
             try:
                 proc.stdin.close()
             except OSError:

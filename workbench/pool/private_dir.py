@@ -39,6 +39,10 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _start_time(pid) in (None, started)
 
 
+DRIVER_PID = "WORKBENCH_DRIVER_PID"
+"""The environment variable that names a local rank's driver (the notebook's process): its parent, unless a
+zygote forked it (`workbench.pool.zygote`)."""
+
 def create() -> str:
     """A fresh private folder for this process's pool, after sweeping the folders of dead drivers."""
     sweep()
@@ -68,8 +72,7 @@ def remove_if_driver_gone(path: str | None, driver_pid: int, wait_s: float = 1.0
     """Called by a local rank on its way out: if its driver died, nobody else will remove the driver's folder now.
 
     A rank can see its connection or stdin end while the driver is still exiting (its files close before it
-    is gone): so the driver counts as dead once this rank's parent changed or the driver is a zombie, looked
-    at for up to `wait_s`.
+    is gone): so the driver counts as dead once its process is gone or a zombie, looked at for up to `wait_s`.
     """
     if not path:
         return
@@ -110,8 +113,7 @@ def remove(path: str) -> None:
 
 
 def _driver_gone(driver_pid: int) -> bool:
-    if os.getppid() != driver_pid:
-        return True
+    # The driver's own state, not whether it is still our parent: a forked rank's parent is the zygote.
     try:
         state = Path(f"/proc/{driver_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

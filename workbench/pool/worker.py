@@ -106,6 +106,9 @@ class Worker:
         self.io: _Link | None = None  # connected once the handshake has given us the session
         self.main_thread = threading.get_ident()
         self.parent_pid = os.getppid()
+        """The notebook, or the zygote that forked this rank (it ends with the notebook): a change means both are gone."""
+        self.driver_pid = int(os.environ.get(private_dir.DRIVER_PID) or self.parent_pid)
+        """The notebook's process: whose private folder this rank removes if it died."""
         self.other_output: queue.SimpleQueue = queue.SimpleQueue()
         self.last_driver_contact = time.monotonic()
         self.settings: dict[str, Any] = {}
@@ -129,7 +132,7 @@ class Worker:
         problem = "no answer from the driver at the given address"
         while time.monotonic() < deadline:
             if self.local and os.getppid() != self.parent_pid:
-                private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+                private_dir.remove_if_driver_gone(self.private_dir, self.driver_pid)
                 raise SystemExit(f"workbench worker rank {self.rank}: the notebook is gone")
             try:
                 if self.main is None:
@@ -188,7 +191,7 @@ class Worker:
             self._serve_io()
         except (EOFError, OSError):
             pass  # the notebook closed our connection, or it broke: the notebook is gone
-        private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+        private_dir.remove_if_driver_gone(self.private_dir, self.driver_pid)
         os._exit(3)
 
     def _serve_io(self) -> None:
@@ -233,7 +236,7 @@ class Worker:
             except EOFError:
                 # The notebook is gone. This thread's exit ends the process: remove a dead driver's folder first
                 # (the I/O thread may be doing so too; the process's exit must not cut that short).
-                private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+                private_dir.remove_if_driver_gone(self.private_dir, self.driver_pid)
                 return
             if msg["type"] == "shutdown":
                 return
@@ -280,7 +283,7 @@ class Worker:
         (or its driver died): then it exits at once, even in the middle of preparing."""
         while sys.stdin.buffer.readline():
             go.set()
-        private_dir.remove_if_driver_gone(self.private_dir, self.parent_pid)
+        private_dir.remove_if_driver_gone(self.private_dir, self.driver_pid)
         os._exit(0)
 
     def serve(self, prepare: dict[str, Any] | None = None, nice: bool = False) -> None:

@@ -1,0 +1,117 @@
+"""The zygote itself: one process prepared as a local rank prepares, forking the pool's local ranks on request.
+
+Run as `python -m workbench.pool.zygote_process FD` by `workbench.pool.zygote`, with FD its end of a private
+socket pair (nothing listens). It prepares once (torch, the recording backend, the pool's preload, the
+torch._dynamo warm-up: `world.prepare`), says so, then serves requests: each is a rank's arguments and
+environment with three file descriptors that become its stdin, stdout and stderr. The child goes on as
+`python -m workbench.pool.worker` would, finding everything already imported; the zygote reaps it and reports
+how it ended. It exits when the notebook's end of the socket closes; its ranks then see their parent change
+and end too, as they would on their notebook's death.
+
+A fork copies only the thread that calls it, so the zygote forks only while it has one thread (it starts none:
+torch's thread pools start with the first parallel op, gloo's with the first process group), and refuses a
+request otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import sys
+import traceback
+
+REQUEST_BYTES = 1 << 20
+"""The largest request (arguments and environment as JSON): a message the notebook sent, never a peer's."""
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        from workbench.pool import world
+
+        settings = json.loads(os.environ["WORKBENCH_PREPARE"])
+        world.prepare(settings, 0, 1)
+    except BaseException:  # noqa: BLE001 - said to the notebook, which spawns its ranks instead
+        _send(sock, {"failed": traceback.format_exc()})
+        os._exit(1)
+    _send(sock, {"prepared": True, "threads": _threads()})
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        _reap(sock, children)
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, REQUEST_BYTES, 3)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            os._exit(0)  # the notebook's end closed
+        request = json.loads(data)
+        if len(fds) != 3 or _threads() != 1:
+            _send(sock, {"id": request["id"], "error": f"cannot fork: {len(fds)} descriptors, {_threads()} threads"})
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            _become_rank(sock, fds, request)
+        for fd in fds:
+            os.close(fd)  # the child's now: the notebook must see their ends close when the child exits
+        children.add(pid)
+        _send(sock, {"id": request["id"], "pid": pid})
+
+
+def _become_rank(sock: socket.socket, fds: list[int], request: dict) -> None:
+    """In the child: its own session and standard streams, the rank's environment, then the worker's main."""
+    try:
+        sock.close()
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        from workbench.pool import worker
+
+        sys.argv = ["workbench.pool.worker", *request["args"]]
+        worker.main(request["args"])  # ends the process itself
+    except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
+        traceback.print_exc()
+        sys.stderr.flush()
+    os._exit(1)
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        os._exit(0)  # the notebook is gone
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+if __name__ == "__main__":
+    main()
