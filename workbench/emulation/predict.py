@@ -9,7 +9,10 @@ profile's own cluster; here they stand on the emulated one (nodes of one GPU acr
 Two things the estimator folds into its step are laid out here as the ranks measure them:
 - a pipeline's span comes from its schedule run in time (`workbench.schedules.simulate`), each stage's forward and
   backward of a micro-batch from the estimate and each hop between stages priced by the link model, so the
-  bubble and the sends on its critical path are what a rank waits for, as the measured bubble counts them;
+  bubble and the sends on its critical path are what a rank waits for, as the measured bubble counts them. A hop
+  starts only when the receiving stage is free too: torch's schedules post a receive after the stage's previous
+  action, batched with its send, and NCCL launches that group after the action's kernels (on a CPU rank, after
+  it returns), so the transfer never hides behind that action;
 - `fsdp_overlaps=False` prices a run whose FSDP2 gathers and reduce-scatters hide nothing: FSDP2 overlaps them
   with compute through CUDA streams, issued synchronously from the CPU; on a CPU rank there are no streams and
   each one blocks the training thread (`torch.distributed.fsdp`'s unshard and reduce paths). That is where the
@@ -106,8 +109,34 @@ def _pipeline(cfg: Config, est: Estimate, topology: links.Topology) -> tuple[flo
     hop = links.collective_time("send", send.bytes / send.calls, axis_ranks(cfg, "pp"), topology)
     style = placement(cfg.schedule)
     timeline = simulate(rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, chunks),
-                        lambda a: durations[stage_rank(a.stage, cfg.pp, style)].of(a), chunks, hop)
+                        lambda a: durations[stage_rank(a.stage, cfg.pp, style)].of(a), chunks, hop,
+                        receive_when_free=True)
     return timeline.makespan, sum(timeline.idle_per_rank) / cfg.pp / timeline.makespan
+
+
+def bubble_at_measured_compute(cfg: Config, actions, topology: links.Topology, dilation: float) -> float:
+    """The bubble the schedule has when run in time with each action as long as it measured (undilated) and each
+    hop priced by the link model: the prediction's pipeline with the ranks' own compute put in the estimate's
+    place. Beside the measured bubble it tells the two gaps apart: a measured bubble that matches this one is
+    paced as the links say, and differs from the prediction only by how the stages computed.
+
+    actions: the step's `workbench.schedules.ActionInterval`s of every rank (one clock)."""
+    from workbench.schedules import ActionInterval
+
+    took = {(a.stage, a.kind, a.microbatch): (a.end_ns - a.start_ns) * 1e-9 / dilation
+            for a in map(lambda a: ActionInterval(*a), actions)}
+    chunks = config_stages(cfg)
+    send = next(c for c in _estimate(cfg, topology).stages[0].comm if c.role is Role.PIPELINE)
+    hop = links.collective_time("send", send.bytes / send.calls, axis_ranks(cfg, "pp"), topology)
+    timeline = simulate(rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, chunks),
+                        lambda a: took[a.stage, a.kind, a.microbatch], chunks, hop, receive_when_free=True)
+    return sum(timeline.idle_per_rank) / cfg.pp / timeline.makespan
+
+
+def _estimate(cfg: Config, topology: links.Topology) -> Estimate:
+    from workbench.estimate import estimate
+
+    return estimate(cfg, topology.gpu)
 
 
 def undilated(histories: list) -> list[list[StepFigures]]:

@@ -105,12 +105,15 @@ class Timeline:
 
 
 def simulate(orders: Sequence[Sequence[Action]], duration: Durations | Callable[[Action], float],
-             stages_per_rank: int = 1, transfer: float = 0.0) -> Timeline:
+             stages_per_rank: int = 1, transfer: float = 0.0, receive_when_free: bool = False) -> Timeline:
     """Run each rank's ordered actions in time: an action starts when its rank is free and what it needs is done.
 
     `duration` is a `Durations` or any function of the action (e.g. measured
     per stage). `transfer`: the time what one rank produces (an activation, its
     gradient) takes to reach another rank; 0, communication takes no time.
+    `receive_when_free`: a transfer starts only once the receiving rank is free as well, not while it still
+    computes: torch's schedules post a receive after the rank's previous action (batched with its send), and a
+    send/recv moves nothing before both sides have posted; False lets the transfer hide behind that action.
     Raises ValueError on a deadlock.
     """
     cost = duration.of if isinstance(duration, Durations) else duration
@@ -131,7 +134,11 @@ def simulate(orders: Sequence[Sequence[Action]], duration: Durations | Callable[
                 deps = needs(action, last_stage)
                 if not all(k in finished for k in deps):
                     break
-                start = max([free[r], *(finished[k] + (transfer if made_on[k] != r else 0.0) for k in deps)])
+                if receive_when_free:
+                    ready = max([free[r], *(finished[k] for k in deps)])
+                    start = ready + (transfer if any(made_on[k] != r for k in deps) else 0.0)
+                else:
+                    start = max([free[r], *(finished[k] + (transfer if made_on[k] != r else 0.0) for k in deps)])
                 end = start + cost(action)
                 spans[r].append((action, start, end))
                 free[r] = end
