@@ -36,6 +36,20 @@ from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
 
 log = logging.getLogger("workbench")
 
+SESSION_MODULE = "workbench.engine.session"
+"""What a Workbench's ranks preload: the engine every command runs in."""
+RECORDING_BACKEND = "workbench.telemetry.comm:register"
+"""The torch.distributed backend a Workbench's ranks use with telemetry: gloo or NCCL, every collective recorded."""
+
+
+def prepare_ahead() -> bool:
+    """Start preparing a Workbench's local ranks now (its default pool: telemetry on), so that a Workbench made in a
+    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs). `import
+    workbench` does this in a notebook kernel; $WORKBENCH_ZYGOTE=0 turns it off."""
+    from workbench.pool.pool import prepare_ahead as prepare_pool
+
+    return prepare_pool(preload=(SESSION_MODULE,), backend_setup=RECORDING_BACKEND)
+
 
 class Run:
     """Training running in the background on the ranks; the notebook stays free."""
@@ -111,12 +125,12 @@ class Workbench:
             if not pool_kwargs.get("external") and (warning := world_size_warning(
                     world_size, Machine.this(), oversubscribe=oversubscribe)):
                 warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
-            setup = "workbench.telemetry.comm:register" if telemetry or self.cluster else None
+            setup = RECORDING_BACKEND if telemetry or self.cluster else None
             if setup:  # the ranks' flight rings, read while they hang, become the hang report's summary line
                 from workbench.telemetry.flight import explain_diagnostics
 
                 pool_kwargs.setdefault("explain", explain_diagnostics)
-            pool = Pool(world_size, preload=("workbench.engine.session",), backend_setup=setup, **pool_kwargs)
+            pool = Pool(world_size, preload=(SESSION_MODULE,), backend_setup=setup, **pool_kwargs)
         self.pool = pool
         # Where the ranks share when each issued each collective, under emulation (removed with this Workbench).
         self._arrivals = tempfile.mkdtemp(prefix="workbench-links-")

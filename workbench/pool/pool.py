@@ -111,10 +111,7 @@ class Pool:
         # What the ranks measure about the machine is kept for the pool's later ranks (rank.machine_fact).
         facts = os.path.join(self._private_dir, "machine")
         os.mkdir(facts, 0o700)
-        prepare = {**{k: self._settings_base[k] for k in PREPARE_KEYS}, "threads": threads,
-                   "private_dir": self._private_dir}
-        rank_env = rank_environment(threads, {**(env or {}), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-                                              MACHINE_FACTS: facts, DRIVER_PID: str(os.getpid())}, prepare)
+        rank_env, prepare = _local_rank_setup(self._settings_base, threads, env, facts, self._private_dir)
         # CPU ranks fork from a zygote that holds what they import (shared by this process's pools): a restart,
         # the standby and the next pool start in a tenth of a second instead of a cold start.
         self._zygote = zygote.acquire(rank_env, prepare) if not external and zygote.usable(device) else None
@@ -315,6 +312,28 @@ def start_phases(ranks: LocalRanks, states: dict) -> dict[str, float]:
         for name, t0, t1 in points:
             phases.setdefault(name, []).append(max(0.0, t1 - t0))
     return {name: max(values) for name, values in phases.items()}
+
+
+def _local_rank_setup(settings: dict[str, Any], threads: int, env: dict[str, str] | None, facts: str,
+                      folder: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """A local rank's environment and what it prepares (`world.prepare`), for a pool with these settings."""
+    prepare = {**{k: settings[k] for k in PREPARE_KEYS}, "threads": threads, "private_dir": folder}
+    rank_env = rank_environment(threads, {**(env or {}), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+                                          MACHINE_FACTS: facts, DRIVER_PID: str(os.getpid())}, prepare)
+    return rank_env, prepare
+
+
+def prepare_ahead(*, device: Device = "auto", preload: tuple[str, ...] = (), backend_setup: str | None = None,
+                  env: dict[str, str] | None = None) -> bool:
+    """Start preparing local ranks before a pool asks for them, as `Pool(n, device=, preload=, backend_setup=,
+    env=)` prepares them: a zygote that later forks them at once (`workbench.pool.zygote`). It ends
+    `zygote.LINGER_S` after this call unless a pool takes it. False where ranks are not forked (CUDA, or
+    $WORKBENCH_ZYGOTE=0)."""
+    if not zygote.usable(device):
+        return False
+    settings = {"device": device, "threads": None, "preload": list(preload), "backend_setup": backend_setup}
+    zygote.release(zygote.acquire(*_local_rank_setup(settings, 1, env, "", "")))
+    return True
 
 
 def _cleanup(transport: Transport, standby: Standby, folder: str, forks: "zygote.Zygote | None") -> None:

@@ -69,6 +69,11 @@ class Zygote:
         threading.Thread(target=self._read, name="workbench-zygote", daemon=True).start()
 
     @property
+    def prepared(self) -> bool:
+        """Done preparing: a fork now takes about a tenth of a second."""
+        return self._prepared and self.alive
+
+    @property
     def alive(self) -> bool:
         return not self._gone and self.failed is None
 
