@@ -20,7 +20,7 @@ def _rank_facts() -> dict:
     import torch
 
     return {"pid": os.getpid(), "ppid": os.getppid(), "threads": torch.get_num_threads(),
-            "driver": os.environ.get("WORKBENCH_DRIVER_PID")}
+            "driver": os.environ.get("WORKBENCH_DRIVER_PID"), "cwd": os.getcwd()}
 
 
 def _gone(pids, timeout_s: float = 30.0) -> bool:
@@ -32,6 +32,7 @@ def _gone(pids, timeout_s: float = 30.0) -> bool:
     return True
 
 
+@pytest.mark.slow  # a spawned Workbench beside the forked one: two cold starts
 def test_forked_ranks_train_as_spawned_ones_and_a_restart_forks_again(monkeypatch):
     losses = {}
     with wb.Workbench(2, standby=False) as bench:
@@ -57,6 +58,15 @@ def test_forked_ranks_train_as_spawned_ones_and_a_restart_forks_again(monkeypatc
         bench.apply(wb.Config(dp=2))
         losses["spawned"] = [m.loss for m in bench.train(3).wait()]
     assert losses["forked"] == losses["spawned"]  # bit for bit
+
+
+def test_a_forked_rank_starts_where_the_notebook_is_now(tmp_path, monkeypatch):
+    """The zygote started in one folder; a rank forked after the notebook moved starts in the new one, as a spawned
+    rank would (relative paths, and the folder `python -m` imports from)."""
+    with wb.Pool(2, device="cpu", standby=False, backend_setup="workbench.telemetry.comm:register") as pool:
+        monkeypatch.chdir(tmp_path)
+        pool.restart()
+        assert {f["cwd"] for f in pool.run(_rank_facts)} == {str(tmp_path)}
 
 
 def test_the_zygote_ends_after_its_last_pool_and_leaves_nothing_running(monkeypatch):

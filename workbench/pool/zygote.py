@@ -85,7 +85,8 @@ class Zygote:
         request = next(self._ids)
         try:
             with self._send_lock:
-                socket.send_fds(self.sock, [json.dumps({"id": request, "args": args, "env": env}).encode()], theirs)
+                message = {"id": request, "args": args, "env": env, "cwd": os.getcwd()}
+                socket.send_fds(self.sock, [json.dumps(message).encode()], theirs)
         except OSError as e:
             for r, w in pipes:
                 os.close(r)

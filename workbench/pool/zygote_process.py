@@ -76,6 +76,11 @@ def _become_rank(sock: socket.socket, fds: list[int], request: dict) -> None:
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        # Where the notebook is now, as a spawned rank would start: its relative paths and `python -m`'s first
+        # import folder (the zygote's own start folder until now).
+        if sys.path and sys.path[0] == os.getcwd():
+            sys.path[0] = request["cwd"]
+        os.chdir(request["cwd"])
         from workbench.pool import worker
 
         sys.argv = ["workbench.pool.worker", *request["args"]]
