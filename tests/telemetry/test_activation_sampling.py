@@ -68,3 +68,41 @@ def test_a_mixture_of_experts_is_measured_every_step(pool):
     cfg = DENSE.replace(model=ModelConfig.preset("tiny-moe"))
     for rows in pool.run(fns.train_sampled, cfg, 3, 3):
         assert [(r["measured_at"], r["packs"] > 0) for r in rows] == [(0, True), (1, True), (2, True)]
+
+
+def _sampled_steps(measured_at: int, last: int) -> list:
+    """Two ranks' steps 0..last, whose activation figures were measured at step `measured_at` or later."""
+    import dataclasses
+
+    from tests.ui.fakes import step_metrics
+
+    return [dataclasses.replace(step_metrics(r, s), activations_step=min(s, measured_at))
+            for s in range(last + 1) for r in range(2)]
+
+
+def test_the_comparison_says_when_an_older_activation_figure_was_measured():
+    from workbench.estimate import estimate
+    from workbench.estimate.compare import compare
+
+    est = estimate(Config(dp=2), "cpu")
+    rows = {r.quantity: r for r in compare(est, _sampled_steps(measured_at=1, last=4))}
+    assert rows["memory: activations"].measured_step == 1
+    assert rows["memory: parameters"].measured_step is None  # read at the step's end, every step
+    fresh = {r.quantity: r for r in compare(est, _sampled_steps(measured_at=4, last=4))}
+    assert fresh["memory: activations"].measured_step is None
+
+
+def test_the_memory_plot_says_when_an_older_activation_figure_was_measured():
+    import workbench as wb
+    from workbench.telemetry.store import TelemetryStore
+    from workbench.ui.live import LivePlots
+
+    store = TelemetryStore()
+    store.add_layout_change(0, wb.Config(dp=2))
+    for m in _sampled_steps(measured_at=1, last=3):
+        store.add(m.rank, m)
+    title = LivePlots(store, 2).figures["memory"].layout.title.text
+    assert "step 3" in title and "activations measured at step 1" in title
+    store.add(0, _sampled_steps(measured_at=4, last=4)[-2])
+    store.add(1, _sampled_steps(measured_at=4, last=4)[-1])
+    assert "activations measured" not in LivePlots(store, 2).figures["memory"].layout.title.text
