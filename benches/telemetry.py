@@ -3,7 +3,8 @@
 The probe's cost: one pool (started with the recording backend) applies the
 same layout again and again, with the probe on, off, and off again (the A/A
 arm: the same as off, so its ratio is what the method reads for no change),
-in an order rotated round by round, and trains a few steps after each. Each
+each round in another of their six orders (so each arm is as often first, and
+after each of the others), and trains a few steps after each. Each
 arm's round gives a mean step time (the meter's sampled steps count where
 they fall; a step over 1.5x the round's median, another process preempting
 this one, is left out: the probe costs a few percent, never that); a round's
@@ -26,13 +27,14 @@ default) the tiny model at dp=2; on a GPU (``--device cuda``) one rank per GPU
 at the 125m preset, where telemetry is CUDA event marks on the streams
 (target: on/off <= 1.02).
 
-    .venv/bin/python benches/telemetry.py                          # about 2 minutes on 2 quiet cores
+    .venv/bin/python benches/telemetry.py                          # about 3 minutes on 2 quiet cores
     .venv/bin/python benches/telemetry.py --device cuda            # world size = GPUs, 125m, bf16
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -44,9 +46,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import workbench as wb  # noqa: E402
 
 CFG = wb.Config(dp=2)
-WARMUP, STEPS, ROUNDS = 3, 15, 6
+WARMUP, STEPS, ROUNDS = 3, 15, 12
 ARMS = ("on", "off", "off again")
 """The probe on, off, and off again: "off again" is "off" in another apply, the A/A arm that shows the noise."""
+ORDERS = list(itertools.permutations(ARMS))
 
 
 @dataclass(frozen=True)
@@ -92,15 +95,16 @@ def _round_mean(times: list[float]) -> float:
 
 def toggled_cost(bench: wb.Workbench, cfg: wb.Config, rounds: int = ROUNDS, steps: int = STEPS,
                  warmup: int = WARMUP) -> ToggledCost:
-    """The probe's cost on `bench`'s ranks: `cfg` applied with telemetry on, off and off again each round, the
-    arms' order rotated round by round (so none is always first after the other), `steps` timed after `warmup`.
+    """The probe's cost on `bench`'s ranks: `cfg` applied with telemetry on, off and off again each round, in the
+    arms' six orders in turn (a multiple of 6 rounds balances position and predecessor), `steps` timed after
+    `warmup`.
     Leaves `bench.telemetry` as it found it."""
     kept = bench.telemetry
     times: dict[str, list[list[float]]] = {arm: [] for arm in ARMS}
     cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
     try:
         for r in range(rounds):
-            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+            for arm in ORDERS[r % len(ORDERS)]:
                 bench.telemetry = arm == "on"
                 bench.apply(cfg)
                 bench.train(warmup).wait()
@@ -165,7 +169,8 @@ def print_costs(cost: ToggledCost, backend: tuple[float, float, list[tuple[str, 
     recording, plain, collectives = backend
     off = cost.mean("off")
     print(f"step time, probe off / off again / on: {off * 1e3:.1f} / {cost.mean('off again') * 1e3:.1f} / "
-          f"{cost.mean('on') * 1e3:.1f} ms (means of {len(cost.rounds['off'])} rounds each, the same ranks)")
+          f"{cost.mean('on') * 1e3:.1f} ms (means of {len(cost.rounds['off'])} rounds each, the same ranks: "
+          f"on / both offs {cost.mean('on') / statistics.fmean([off, cost.mean('off again')]):.4f})")
     (lo, hi), (aa_lo, aa_hi) = cost.spread("on"), cost.spread("off again")
     print(f"probe on/off: {cost.ratio:.4f} (rounds' quartiles {lo:.3f}–{hi:.3f});  "
           f"A/A off again/off: {cost.aa_ratio:.4f} ({aa_lo:.3f}–{aa_hi:.3f}): medians over rounds")
