@@ -14,7 +14,8 @@ measured in the same run:
   telemetry attach, state import, barrier) and its first step;
 - `restart()` after a rank was killed, until the model is back, with the
   warm standby and without it (the cold baseline);
-- a steady dp=2 step with telemetry on / off;
+- a steady dp=2 step with telemetry on / off: the probe toggled per apply on one pool, beside the A/A noise of
+  the method, and the recording backend's cost apart (benches/telemetry.py);
 - a steady dp=2 step through the workbench / the same loop under torchrun.
 
     .venv/bin/python benches/latency.py            # about 3 minutes on 2 quiet cores
@@ -215,10 +216,12 @@ def main() -> None:
         p.error(f"--rows: unknown {sorted(unknown)}; choose from {', '.join(ROWS)}")
 
     import engine  # benches/engine.py: the plain torchrun loop
+    import telemetry  # benches/telemetry.py: the probe toggled on one pool, the recording backend replayed
 
     import workbench as wb
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(telemetry)  # its rank functions, which the ranks cannot import
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {__import__('torch').__version__}")
     rows = []
     if "start" in wanted:
@@ -260,15 +263,21 @@ def main() -> None:
         for name in standby_phases[0]:
             print(f"  {name:34s} {med([p[name] for p in standby_phases]):.3f} s")
         print(f"  the standby's cost: {standby}")
-    if "telemetry" in wanted or "step" in wanted:
-        on, off = steady_steps_on_off(wb)
-        if "telemetry" in wanted:
-            rows.append(("telemetry on / off, steady dp=2 step",
-                         f"{on / off:.3f}× ({on * 1e3:.1f} / {off * 1e3:.1f} ms)", "≤ 1.01×"))
-        if "step" in wanted:
-            plain = engine.plain_torchrun(STEPS)
-            rows.append(("steady step, workbench / torchrun",
-                         f"{off / plain:.3f}× ({off * 1e3:.1f} / {plain * 1e3:.1f} ms)", "≤ 1.01×"))
+    if "telemetry" in wanted:
+        with wb.Workbench(2, standby=False) as bench:
+            cost = telemetry.toggled_cost(bench, wb.Config(dp=2))
+            backend = telemetry.recording_backend_cost(bench)
+        print("\ntelemetry, the probe toggled per apply on one pool (benches/telemetry.py):")
+        telemetry.print_costs(cost, backend)
+        recording, plain_gloo, _ = backend
+        rows.append(("telemetry on / off, steady dp=2 step",
+                     f"{cost.ratio:.3f}× (A/A {cost.aa_ratio:.3f}×; CPU {cost.cpu_ratio():.3f}×; backend {(recording - plain_gloo) / cost.mean('off'):+.1%})",
+                     "≤ 1.01×"))
+    if "step" in wanted:
+        off = steady_steps_on_off(wb)[1]
+        plain = engine.plain_torchrun(STEPS)
+        rows.append(("steady step, workbench / torchrun",
+                     f"{off / plain:.3f}× ({off * 1e3:.1f} / {plain * 1e3:.1f} ms)", "≤ 1.01×"))
     width = max(len(r[0]) for r in rows)
     print(f"\n{'action':{width}s}  {'now':44s}  goal")
     for action, now, goal in rows:

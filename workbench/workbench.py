@@ -93,7 +93,8 @@ class Workbench:
     memory warns with the estimate; more than its memory holds (≈0.4 GB a rank) is refused unless oversubscribe=True.
     corpus: folder of text to train on; None is the Python standard library's source.
     telemetry: measure every step (compute/communication timeline through the compiled recording
-    backend, memory by category, MFU); False runs plain gloo/NCCL and reports losses and times only.
+    backend, memory by category, MFU; a dense layout's activations on sampled steps, each step saying which one
+    measured them: StepMetrics.activations_step); False runs plain gloo/NCCL and reports losses and times only.
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
     pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
     ranks (a `RankSession` over `pool` when None).

@@ -67,3 +67,49 @@ def _compare_memory_with_the_walks(trainer) -> list[tuple[str, int, int]]:
             return value
         setattr(cached, name, both)
     return seen
+
+
+class _Shortened:
+    """The trainer's batches, cut to `seq_len` positions from step `from_step` on: a batch shape the layout had not
+    seen, which the activation meter must measure again."""
+
+    def __init__(self, data, from_step: int, seq_len: int) -> None:
+        self.data, self.from_step, self.seq_len = data, from_step, seq_len
+
+    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
+        tokens = self.data.local_batch(step, dp_rank, dp_size)
+        return tokens[:, :self.seq_len + 1] if step >= self.from_step else tokens
+
+
+def train_sampled(cfg: Config, steps: int, every: int, shorten_at: int | None = None) -> list[dict]:
+    """`steps` steps with the activation meter sampling one step in `every` once settled (and the batches shortened
+    to half their positions from step `shorten_at`): per step, the reported activation figures, the step they
+    were measured at, and how many tensors the meter's pack hook saw in it (0 on a step it did not watch)."""
+    from workbench.engine.data import TokenData
+    from workbench.engine.mesh import build_mesh
+    from workbench.engine.trainer import Trainer
+    from workbench.pool import rank
+    from workbench.telemetry.activations import MeterSampling
+
+    with rank.unchecked():
+        trainer = Trainer(cfg, build_mesh(cfg, "cpu"), "cpu", TokenData.for_config(cfg), telemetry=True)
+        probe = trainer.probe
+        probe.sampling = MeterSampling(every=every, every_step=probe.sampling.every_step)
+        if shorten_at is not None:
+            trainer.data = _Shortened(trainer.data, shorten_at, cfg.seq_len // 2)
+        packs = [0]
+        pack = probe.meter._pack
+
+        def counting(t):
+            packs[0] += 1
+            return pack(t)
+
+        probe.meter._pack = counting  # watching() installs the instance's _pack
+        rows = []
+        for i in range(steps):
+            packs[0] = 0
+            m = trainer.step(i)
+            rows.append({"step": m.step, "measured_at": m.activations_step, "packs": packs[0],
+                         "peak": m.peak_memory["activations"], "live": m.memory["activations"]})
+    trainer.close()
+    return rows

@@ -219,13 +219,13 @@ class Trainer:
         # The probe counts what autograd saves for backward, live, while forwards run. Backward saves nothing for
         # itself (recompute runs under the checkpoint's own hooks), and hooks installed there cost it time.
         if self.pipeline is not None:  # its schedule interleaves forwards and backwards
-            with self.probe.activations():
+            with self.probe.activations(inputs):
                 return self.pipeline.step(inputs, targets, scale_loss=self.precision.scale)
         model, n = self.modules[0], self.cfg.micro_batches
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with gradient_sync(model, enabled=i == n - 1):
-                with self.probe.span("forward"), self.probe.activations(), self.precision.autocast():
+                with self.probe.span("forward"), self.probe.activations(x), self.precision.autocast():
                     # Divided by n so the accumulated gradient is that of the mean over the whole batch.
                     # A MoE model's balancing loss is not added: its layers' outputs carry it into backward.
                     loss = loss_fn(model(x), y) / n

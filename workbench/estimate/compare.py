@@ -40,6 +40,9 @@ class Comparison:
     unit: Literal["B", "s"]
     predicted: float
     measured: float
+    measured_step: int | None = None
+    """Set where the measured figure is older than the last step: the step it was measured at (the activation
+    meter samples a settled layout's steps, `StepMetrics.activations_step`)."""
 
     @property
     def error(self) -> float | None:
@@ -66,8 +69,10 @@ def compare(est: Estimate, metrics: Iterable[StepMetrics]) -> tuple[Comparison, 
     memory = est.memory
     for category in (*AT_REST, *AT_PEAK):
         read = (lambda m: m.memory) if category in AT_REST else (lambda m: m.peak_memory)
-        measured = max(read(m).get(category, 0) for m in steps)
-        rows.append(Comparison(f"memory: {category}", "B", getattr(memory, category), measured))
+        most = max(steps, key=lambda m: read(m).get(category, 0))
+        when = most.activations_step if category == "activations" else None
+        rows.append(Comparison(f"memory: {category}", "B", getattr(memory, category), read(most).get(category, 0),
+                               when if when is not None and when != most.step else None))
     # A rank measures its own compute and, as waiting, the communication it could not hide and (in a pipeline) the
     # bubble; the estimate's compute_s carries the bubble, so its own compute is the busiest stage's, and the
     # rest of its step is the waiting.

@@ -103,6 +103,11 @@ class StepMetrics:
     grad_sync_bytes: int = 0
     """Bytes this rank sent for the data-parallel gradient sync in the step (each recorded collective's size
     times its bus factor; `workbench.telemetry.grad_sync`); 0 with dp = 1 or telemetry off."""
+    activations_step: int | None = None
+    """The step whose forward `memory` and `peak_memory`'s "activations" were measured in: this one, or an earlier
+    one of the same layout and batch shape. The meter watches a layout's first steps, then every tenth and any step
+    whose batch shape changed (a dense layout at fixed shapes saves the same bytes every step); a mixture of
+    experts' every step (`telemetry.activations.MeterSampling`). None with telemetry off or before a measurement."""
     dilation: float | None = None
     """Under an emulated cluster: the time dilation the step's collectives were paced with (its times divided
     by it are the cluster's); None when they were not paced (no cluster, or its dilation still being measured)."""

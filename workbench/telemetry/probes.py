@@ -3,7 +3,8 @@
 A `StepProbe` rides along a trainer's step. It opens compute spans in the
 compiled recorder (collectives are recorded by the recording backend on
 their own), counts the bytes autograd saves for backward as they come and go
-(`telemetry.activations`), reads memory by category from the actual tensors
+(`telemetry.activations`: on the steps its sampling watches, the last figure
+with its step on the others), reads memory by category from the actual tensors
 (`telemetry.memory`: local shards under ZeRO and TP), and turns the step's
 spans into communication time, exposed communication and overlap. `NullProbe` is the same interface doing nothing,
 so the trainer reads the same with telemetry on or off.
@@ -19,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from workbench.flops import flops_per_token
-from workbench.telemetry.activations import ActivationMeter
+from workbench.telemetry.activations import ActivationMeter, MeterSampling
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.grad_sync import grad_sync_bytes
 from workbench.telemetry.memory import ModelMemory, process_bytes
@@ -36,7 +37,8 @@ class NullProbe:
     def backward(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def activations(self) -> contextlib.AbstractContextManager:
+    def activations(self, batch: torch.Tensor) -> contextlib.AbstractContextManager:
+        """Around a forward of `batch` (a micro-batch, or a pipeline step's whole batch)."""
         return contextlib.nullcontext()
 
     def begin_step(self) -> None:
@@ -78,6 +80,9 @@ class StepProbe(NullProbe):
         self.native, self.trainer, self.device = native, trainer, trainer.device
         cfg = trainer.cfg
         self.meter = ActivationMeter(buffers=[b for module in trainer.modules for b in module.buffers()])
+        # A mixture of experts' router decides each step how many tokens every expert keeps, so what it saves.
+        self.sampling = MeterSampling(every_step=bool(cfg.model.n_experts))
+        self._watching: bool | None = None  # whether the meter watches this step; decided at its first forward
         self.memory = ModelMemory(trainer.modules, trainer.optimizers, trainer.device)
         self._now = native.load().now_ns  # the native clock, looked up once: hooks call it for every gradient
         self._sync_groups = _sync_groups(trainer)
@@ -170,8 +175,10 @@ class StepProbe(NullProbe):
         end = self._last_grad_ns if self._last_grad_ns > start else self._now()
         self.spans.append(Interval("compute", "backward", start, end))
 
-    def activations(self) -> contextlib.AbstractContextManager:
-        return self.meter.watching()
+    def activations(self, batch: torch.Tensor) -> contextlib.AbstractContextManager:
+        if self._watching is None:
+            self._watching = self.sampling.watch((tuple(batch.shape), batch.dtype))
+        return self.meter.watching() if self._watching else contextlib.nullcontext()
 
     def begin_step(self) -> None:
         self.native.drain()  # spans from between steps (a checkpoint, user code) belong to no step
@@ -179,6 +186,7 @@ class StepProbe(NullProbe):
             self.gpu.begin_step()
         self.spans, self.actions = [], []
         self._params_peak = 0
+        self._watching = None
         self.meter.reset_peak()
 
     def after_backward(self) -> None:
@@ -202,11 +210,14 @@ class StepProbe(NullProbe):
         gpu_spans = self.gpu.finish() if self.gpu is not None else []
         intervals = tuple(sorted([*self.native.drain(), *self.spans, *gpu_spans], key=lambda iv: iv.start_ns))
         comm_s, exposed_s, overlap = self.native.step_summary(intervals)
+        if self._watching:
+            self.sampling.measured(metrics.step, self.meter.peak, self.meter.live)
+        activations = self.sampling.latest  # this step's, or the last watched step's
         current = {
             "parameters": self.memory.parameter_bytes(),
             "gradients": self.memory.gradient_bytes(),
             "optimizer": self.memory.optimizer_bytes(),
-            "activations": self.meter.live,
+            "activations": activations.live if activations else 0,
         }
         process = process_bytes(self.device)
         current["other"] = max(0, process - sum(current.values()))
@@ -215,7 +226,7 @@ class StepProbe(NullProbe):
             "parameters": max(current["parameters"], after.get("parameters", 0), self._params_peak),
             "gradients": max(current["gradients"], after.get("gradients", 0)),
             "optimizer": current["optimizer"],
-            "activations": self.meter.peak,
+            "activations": activations.peak if activations else 0,
         }
         peak["other"] = max(0, max(process, after.get("process", 0)) - sum(peak.values()))
         mfu = self.flops / metrics.step_time_s / self.peak_flops if self.peak_flops else None
@@ -223,7 +234,8 @@ class StepProbe(NullProbe):
                                    exposed_comm_s=exposed_s, overlap=overlap, flops=self.flops, mfu=mfu,
                                    mfu_basis=self.peak_source, intervals=intervals,
                                    pipeline_actions=tuple(self.actions), device_memory=self._device_memory(),
-                                   grad_sync_bytes=self._grad_sync_bytes(intervals))
+                                   grad_sync_bytes=self._grad_sync_bytes(intervals),
+                                   activations_step=activations.step if activations else None)
 
     def _device_memory(self) -> dict[str, int]:
         if self.device.type != "cuda":

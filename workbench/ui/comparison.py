@@ -31,7 +31,8 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
         hardware = cpu_with_peak(change.config.precision, rated[-1].flops / rated[-1].step_time_s / rated[-1].mfu)
     else:
         hardware = profile
-    cells = [(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit),
+    cells = [(r.quantity, _fmt(r.predicted, r.unit),
+              _fmt(r.measured, r.unit) + ("" if r.measured_step is None else f" (at step {r.measured_step})"),
               "" if r.error_pct is None else f"{r.error_pct:+.1f}%")
              for r in compare(estimate(change.config, hardware), metrics)]
     head = "".join(f"<th>{h}</th>" for h in ("quantity", "predicted", "measured", "error"))

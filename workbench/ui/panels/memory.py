@@ -50,6 +50,10 @@ def draw_memory(fig: go.Figure, snap: Snapshot) -> None:
     step = next(iter(latest.values())).step if latest else None
     title = f"Memory per rank by category, step {step}" if ranks else "Memory per rank by category"
     sub = "hatched: predicted · 'other' (the runtime) is hidden: click it"
+    # The activation meter samples a settled layout's steps: an older figure says when it was measured.
+    older = sorted({m.activations_step for m in latest.values() if m.activations_step not in (None, m.step)})
+    if older and ranks:
+        sub = f"activations measured at step {', '.join(map(str, older))} · " + sub
     if compared:
         sub = "beside: " + ", ".join(f"run {run.id} = {run.name}" for run, _ in compared) + " · " + sub
     fig.layout.title.text = f"{title}<br><sup>{sub}</sup>" if bars else title
