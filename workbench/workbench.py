@@ -398,8 +398,9 @@ class Workbench:
     def restart(self) -> None:
         """Restart every rank (after a failure); the model is rebuilt in the current layout, untrained.
 
-        Load a checkpoint afterwards to continue where training was. The pool's warm standby (ranks started
-        ahead) makes this about a second; `train(recover=True)` does all of it by itself.
+        Load a checkpoint afterwards to continue where training was. Fresh CPU ranks are forked from the pool's
+        zygote (GPU ranks come from its warm standby): about half a second here; `train(recover=True)` does all of
+        it by itself.
         """
         with self._doing("spawning"):
             self.pool.restart()

@@ -68,7 +68,9 @@ class Pool:
     imported, idle, using no CPU), so that `restart()` only has to connect
     them (about a second instead of a cold start); they cost the memory of
     one more set of idle ranks (`pool.standby` shows it), so False turns it
-    off on tight machines (None: on, unless $WORKBENCH_STANDBY is 0).
+    off on tight machines (None: on where ranks are spawned, unless
+    $WORKBENCH_STANDBY is 0; off where they are forked from a zygote,
+    `workbench.pool.zygote`, since a fork starts as fast as a standby).
     """
 
     def __init__(self, world_size: int, *, device: Device = "auto", timeout_s: float = 300.0,
@@ -117,8 +119,8 @@ class Pool:
         self._zygote = zygote.acquire(rank_env, prepare) if not external and zygote.usable(device) else None
         spawn = functools.partial(LocalRanks, self._transport.address, self.key_file, world_size, rank_env,
                                   self._transport.on_output, zygote=self._zygote, fork_timeout_s=start_timeout_s)
-        if standby is None:
-            standby = os.environ.get("WORKBENCH_STANDBY", "1") != "0"
+        if standby is None:  # forked ranks start as fast as a standby's would: no idle set to keep then
+            standby = os.environ.get("WORKBENCH_STANDBY", "1") != "0" and self._zygote is None
         self._standby = Standby(spawn, enabled=standby and not external)
         self._finalizer = weakref.finalize(self, _cleanup, self._transport, self._standby, self._private_dir,
                                            self._zygote)
