@@ -113,10 +113,12 @@ def test_accelerate_launch_runs_the_exported_config(tmp_path):
 def test_sigterm_stops_at_a_step_boundary_and_saves(tmp_path):
     # One process without a launcher (a FileStore world of 1), as a Slurm time limit's warning would find it.
     cfg_path = wb.Config(seed=3).save(tmp_path / "config.json")
+    scratch = tmp_path / "tmp"  # the process's temporary folder: its one-rank store goes there, and must go away
+    scratch.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "workbench.train", str(cfg_path), "--steps", "100000", "--save-to",
                              str(tmp_path / "ckpt"), "--save-every", "100000", "--metrics",
                              str(tmp_path / "m.jsonl"), "--device", "cpu"],
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(scratch)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:
@@ -130,3 +132,4 @@ def test_sigterm_stops_at_a_step_boundary_and_saves(tmp_path):
     steps = sorted(_losses(tmp_path / "m.jsonl"))
     assert 3 <= len(steps) < 100 and steps == list(range(len(steps)))
     assert [d.name for _, d in wb.checkpoints.complete(tmp_path / "ckpt")] == [f"step-{len(steps):06d}"]
+    assert not list(scratch.glob("workbench-train-*")), "the one-rank store's folder was left behind"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -110,13 +111,20 @@ def _init_distributed(world: dict[str, Any], device: str, telemetry: bool) -> tu
     if device.startswith("cuda"):
         kwargs["device_id"] = torch.device(device)
     if world["launcher"] == "none":
-        # One rank, no launcher: a FileStore in a private directory, so nothing listens on a port.
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="workbench-train-"), "store"), 1)
+        # One rank, no launcher: a FileStore in a private directory, so nothing listens on a port; the directory
+        # goes when the process does (it was left behind, one per run).
+        folder = tempfile.mkdtemp(prefix="workbench-train-")
+        _PRIVATE.append(folder)
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
         dist.init_process_group(backend, store=store, rank=0, world_size=1, **kwargs)
     else:
         dist.init_process_group(backend, init_method="env://", rank=world["rank"], world_size=world["world_size"],
                                 **kwargs)
     return device, backend
+
+
+_PRIVATE: list[str] = []
+"""Folders this process made for itself (the one-rank store), removed on the way out."""
 
 
 def _agreed(value: Any) -> Any:
@@ -217,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    finally:
+        for folder in _PRIVATE:
+            shutil.rmtree(folder, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: gloo/NCCL threads can hang it
