@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workbench.telemetry.analysis import Span, merge, split_kinds, subtract
+from workbench.telemetry.analysis import Span, covered_ns, merge, split_kinds, subtract
 from workbench.telemetry.events import Interval
 
 _P2P = ("send", "recv")
@@ -114,13 +114,9 @@ def split_exposed(intervals: Sequence[Interval], arrivals: Sequence[Arrival], ra
     matched = {(a.issued[rank], a.ended[rank]) for a in arrivals}
     transferring: list[Span] = [(max(a.last_ns, a.issued[rank]), a.ended[rank]) for a in arrivals]
     transferring += [(iv.start_ns, iv.end_ns) for iv in _comm(intervals) if (iv.start_ns, iv.end_ns) not in matched]
-    exposed_ns = _length(exposed)
-    waiting_ns = _length(subtract(exposed, transferring))
+    exposed_ns = covered_ns(exposed)
+    waiting_ns = covered_ns(subtract(exposed, transferring))
     return ExposedSplit(exposed_ns * 1e-9, waiting_ns * 1e-9, (exposed_ns - waiting_ns) * 1e-9)
-
-
-def _length(spans: Sequence[Span]) -> int:
-    return sum(end - start for start, end in merge(spans))
 
 
 def compute_behind(ranks: Sequence[Sequence[Interval]], arrivals: Sequence[Arrival]) -> float:
@@ -131,7 +127,7 @@ def compute_behind(ranks: Sequence[Sequence[Interval]], arrivals: Sequence[Arriv
     computes = [merge(split_kinds(intervals)[0]) for intervals in ranks]
     behind, released = 0, [min(iv.start_ns for iv in intervals) for intervals in ranks]
     for a in arrivals:
-        spent = [_length(_clip(c, since, issued)) for c, since, issued in zip(computes, released, a.issued)]
+        spent = [covered_ns(_clip(c, since, issued)) for c, since, issued in zip(computes, released, a.issued)]
         late, early = a.issued.index(max(a.issued)), a.issued.index(min(a.issued))
         behind += max(0, spent[late] - spent[early])
         released = list(a.ended)

@@ -212,9 +212,9 @@ def group_lines(ranks: tuple[int, ...], me: int, topology: Topology, real: RealL
 
 def step_compute_s(intervals) -> float:
     """Seconds a step computed: the union of its compute spans, less the time a thread waited on a collective."""
-    from workbench.telemetry.analysis import merge, split_kinds
+    from workbench.telemetry.analysis import covered_ns, split_kinds
 
-    return sum(end - start for start, end in merge(split_kinds(intervals)[0])) * 1e-9
+    return covered_ns(split_kinds(intervals)[0]) * 1e-9
 
 
 WARMUP_STEPS = 2

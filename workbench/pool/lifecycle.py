@@ -54,8 +54,6 @@ class LocalRanks:
         self.prepared: set[int] = set()
         self.spawned_at = time.monotonic()
         self.activated_at: float | None = None
-        self.forked = zygote is not None
-        """Forked from a prepared zygote (`workbench.pool.zygote`) rather than spawned."""
         for r in range(world_size):
             argv = launch.local_worker_argv(address, key_file, r, world_size) + ["--standby"]
             argv += ["--nice"] if nice else []
@@ -71,7 +69,6 @@ class LocalRanks:
                 return zygote.fork(argv[3:], env, fork_timeout_s)  # after `python -m workbench.pool.worker`
             except ZygoteError as e:
                 log.warning("workbench pool: %s; spawning the rank instead", e)
-        self.forked = False
         return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
 

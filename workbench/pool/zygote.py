@@ -28,13 +28,16 @@ import threading
 import time
 from pathlib import Path
 
+from workbench.pool.private_dir import DRIVER_PID
+from workbench.pool.rank import MACHINE_FACTS
+
 log = logging.getLogger("workbench.pool")
 
 LINGER_S = 120.0
 """How long a zygote outlives its last pool (a Workbench remade in the next cell forks instead of spawning)."""
 MAX_ZYGOTES = 2
 """Zygotes kept at once in a process (each ~300 MB); the least recently used idle one ends first."""
-PER_POOL = ("WORKBENCH_MACHINE_FACTS", "WORKBENCH_PREPARE", "OMP_NUM_THREADS", "WORKBENCH_DRIVER_PID")
+PER_POOL = (MACHINE_FACTS, "WORKBENCH_PREPARE", "OMP_NUM_THREADS", DRIVER_PID)
 """Environment that differs between pools but is read only after the fork (the child gets the pool's own)."""
 
 
@@ -183,10 +186,9 @@ class ForkedRank:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.poll() is None:
-            code = self.zygote.wait_exit(self.pid, timeout)
-            if code is None and self.poll() is None:
+            self.zygote.wait_exit(self.pid, timeout)
+            if self.poll() is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = code if code is not None else self.returncode
         return self.returncode
 
     def send_signal(self, sig: int) -> None:

@@ -38,6 +38,11 @@ def merge(spans: Iterable[Span]) -> list[Span]:
     return [(s, e) for s, e in out]
 
 
+def covered_ns(spans: Iterable[Span]) -> int:
+    """How long ``spans`` cover, each instant once (overlaps counted once)."""
+    return sum(end - start for start, end in merge(spans))
+
+
 def subtract(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
     """The parts of the union of ``a`` not covered by ``b``, merged and sorted."""
     out: list[Span] = []

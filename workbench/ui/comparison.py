@@ -9,6 +9,7 @@ import html
 from workbench.hardware import profile_for, si
 from workbench.telemetry.store import Snapshot
 
+
 def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
     """The last layout's predicted and measured figures with their errors, as an HTML table ("" before a step with
     telemetry, or for a GPU without a profile). On CPU ranks the profile is the matmul peak they measured for
