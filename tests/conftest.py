@@ -29,6 +29,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _seeded_draws():
+    """Every test draws the same numbers whatever ran before it: an unseeded draw in one test passed or failed by
+    the suite's order (CI failed on one)."""
+    import random
+
+    import torch
+
+    random.seed(0)
+    torch.manual_seed(0)
+
+
 def _start_pool(world_size: int, standby: bool = False):
     import workbench as wb
 
