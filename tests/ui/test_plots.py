@@ -99,6 +99,11 @@ def test_the_estimate_stands_hatched_beside_each_ranks_measured_memory():
     assert by_cat["activations"][2::3] == [18_000_000, 18_000_001]
     assert by_cat["optimizer"][2::3] == [6_000_000] * 2 and by_cat["other"][2::3] == [None] * 2  # not modelled
     assert list(fig.data[0].marker.pattern.shape) == ["", "", "/"] * 2
+    # Its hover names what it predicts, read as the comparison table reads it, with the error.
+    hover = {t.name: list(t.customdata) for t in fig.data}
+    assert hover["activations"][2] == "<br>measured 20 MB at its peak (-10.0%)"
+    assert hover["parameters"][5] == "<br>measured 3.6 MB at rest (-16.7%)"
+    assert hover["activations"][:2] == ["", ""] and "%{customdata}" in fig.data[0].hovertemplate
     # A run without an estimate (a GPU with no profile) draws the measurement alone.
     store.start_run(wb.Config(dp=2, seed=1), 0, continues=False)
     for r in range(2):

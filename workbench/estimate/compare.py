@@ -68,10 +68,9 @@ def compare(est: Estimate, metrics: Iterable[StepMetrics]) -> tuple[Comparison, 
     rows = []
     memory = est.memory
     for category in (*AT_REST, *AT_PEAK):
-        read = (lambda m: m.memory) if category in AT_REST else (lambda m: m.peak_memory)
-        most = max(steps, key=lambda m: read(m).get(category, 0))
+        most = max(steps, key=lambda m: measured_memory(m, category))
         when = most.activations_step if category == "activations" else None
-        rows.append(Comparison(f"memory: {category}", "B", getattr(memory, category), read(most).get(category, 0),
+        rows.append(Comparison(f"memory: {category}", "B", getattr(memory, category), measured_memory(most, category),
                                when if when is not None and when != most.step else None))
     # A rank measures its own compute and, as waiting, the communication it could not hide and (in a pipeline) the
     # bubble; the estimate's compute_s carries the bubble, so its own compute is the busiest stage's, and the
@@ -90,6 +89,12 @@ def compare(est: Estimate, metrics: Iterable[StepMetrics]) -> tuple[Comparison, 
         rows.append(Comparison(f"bytes: {kind}", "B", predicted.get(kind, 0),
                                max(r.get(kind, 0) for r in measured_by_rank)))
     return tuple(rows)
+
+
+def measured_memory(m: StepMetrics, category: str) -> int:
+    """The bytes of `category` a rank measured, read as the estimate predicts them: parameters and optimizer at
+    rest (the end of the step), gradients and activations at their peak."""
+    return (m.memory if category in AT_REST else m.peak_memory).get(category, 0)
 
 
 def predicted_memory(est: Estimate, cfg: "Config") -> dict[int, dict[str, int]]:
