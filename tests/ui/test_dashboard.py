@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import time
 
 import pytest
@@ -129,6 +131,11 @@ def test_the_estimate_stands_beside_the_measurement_and_follows_the_layout(bench
         bench.train(2).wait()
         _until(lambda: "(dp2·zero3, cpu)" in d.predicted.value)
         assert "bytes: all_gather" in d.predicted.value
+        # On CPU the table says what its step time assumes (40% of the ranks' measured peak) and how they ran.
+        since = bench.store.snapshot().layout_changes[-1].step
+        mfu = statistics.median(m.mfu for r in range(2) for m in bench.store.steps(r) if m.step >= since and m.mfu)
+        _until(lambda: f"ran at {mfu:.0%} of it" in d.predicted.value)
+        assert "compute at 40% of the matmul peak the ranks measured" in d.predicted.value
         # The memory plot's hatched bars are this layout's estimate, rank by rank (each rank's stage's figures).
         memory = d.plots.figures["memory"]
         _until(lambda: list(memory.data[0].x[1]).count("predicted") == 2)

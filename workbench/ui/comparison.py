@@ -5,6 +5,7 @@ describes the ranks and writes the table)."""
 from __future__ import annotations
 
 import html
+import statistics
 
 from workbench.hardware import profile_for, si
 from workbench.telemetry.store import Snapshot
@@ -16,6 +17,7 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
     their MFU (no measuring, no torch, in the notebook)."""
     from workbench.estimate import estimate
     from workbench.estimate.compare import compare
+    from workbench.estimate.predict import CPU_EFFICIENCY
     from workbench.hardware import cpu_with_peak
 
     profile = profile_for(device, device_name)
@@ -29,9 +31,18 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
         rated = [m for m in metrics if m.mfu and m.step_time_s]
         if not rated:
             return ""
-        hardware = cpu_with_peak(change.config.precision, rated[-1].flops / rated[-1].step_time_s / rated[-1].mfu)
+        peak = rated[-1].flops / rated[-1].step_time_s / rated[-1].mfu
+        hardware = cpu_with_peak(change.config.precision, peak)
+        # The CPU model's step time is one stated assumption against this machine's load: say which, and how the
+        # ranks did, so that a large step-time error reads as that, not as a wrong layout.
+        note = (f"<p style='font-size:12px;color:#666'>On CPU the estimate runs compute at "
+                f"{CPU_EFFICIENCY:.0%} of the matmul peak the ranks measured ({si(peak, 'FLOP/s')} a rank); they "
+                f"ran at {statistics.median(m.mfu for m in rated):.0%} of it over their whole steps (MFU, median). "
+                "Where the two differ, the step-time rows differ about as much, with nothing wrong in the layout: "
+                "small matmuls and a busy machine run below the assumption. Memory and bytes do not depend on "
+                "it.</p>")
     else:
-        hardware = profile
+        hardware, note = profile, ""
     cells = [(r.quantity, _fmt(r.predicted, r.unit),
               _fmt(r.measured, r.unit) + ("" if r.measured_step is None else f" (at step {r.measured_step})"),
               "" if r.error_pct is None else f"{r.error_pct:+.1f}%")
@@ -39,7 +50,7 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
     head = "".join(f"<th>{h}</th>" for h in ("quantity", "predicted", "measured", "error"))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
     title = f"Predicted beside measured ({html.escape(change.layout)}, {html.escape(profile)})"
-    return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>"
+    return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>{note}"
 
 
 def _fmt(value: float, unit: str) -> str:
