@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import workbench as wb
 from workbench import links
 from workbench.links import collective_time, preset
 
@@ -108,10 +109,11 @@ def test_a_group_of_one_costs_nothing_and_lines_are_the_time():
 def test_ranks_fill_nodes_in_mesh_order():
     cluster = preset("h100-ib", nodes=2, gpus_per_node=2)
     assert [cluster.node_of(r) for r in range(4)] == [0, 0, 1, 1]
-    mesh = [("dp", 2), ("tp", 2)]
-    assert links.mesh_group(mesh, "tp", 3) == (2, 3) and links.tier((2, 3), cluster) == "intra"
-    assert links.mesh_group(mesh, "dp", 3) == (1, 3) and links.tier((1, 3), cluster) == "network"
-    assert links.mesh_group([("pp", 2), ("edp", 2), ("ep", 2), ("tp", 1)], ("edp", "ep"), 5) == (4, 5, 6, 7)
+    mesh = wb.Config(dp=2, tp=2).degrees.mesh_layout()  # the ranks' DeviceMesh: tp innermost
+    assert mesh.group(3, "tp") == [2, 3] and links.tier((2, 3), cluster) == "intra"
+    assert mesh.group(3, "dp") == [1, 3] and links.tier((1, 3), cluster) == "network"
+    moe = wb.Config(model=wb.ModelConfig.preset("tiny-moe"), pp=2, dp=4, ep=2, micro_batches=2)
+    assert moe.degrees.mesh_layout().group(5, "dp") == [4, 5, 6, 7]  # gradients sync over edp × ep
     assert links.span((0, 1, 2), cluster) == links.Span(size=3, nodes=2, per_node=2)
 
 

@@ -346,36 +346,6 @@ def best_algorithm(kind: str, nbytes: float, ranks: tuple[int, ...] | list[int],
     return min(coefficients(kind, ranks, topology), key=lambda line: line.time(nbytes)).algorithm
 
 
-def mesh_group(shape: list[tuple[str, int]] | tuple[tuple[str, int], ...], axis: str | tuple[str, ...],
-               rank: int = 0) -> tuple[int, ...]:
-    """Global ranks of the group along mesh `axis` (a name, or names flattened together) that holds `rank`, in a
-    row-major mesh of `shape` ((name, size) outermost first), as DeviceMesh lays ranks out.
-
-    mesh_group([("dp", 2), ("tp", 4)], "tp", 5) == (4, 5, 6, 7); with 4 GPUs per node that group is one node.
-    """
-    names = [name for name, _ in shape]
-    sizes = [size for _, size in shape]
-    axes = (axis,) if isinstance(axis, str) else tuple(axis)
-    for a in axes:
-        if a not in names:
-            raise ValueError(f"axis {a!r} is not in the mesh {names}")
-    world = math.prod(sizes)
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is outside a mesh of {world}")
-    coords, rest = [], rank
-    for size in reversed(sizes):
-        coords.append(rest % size)
-        rest //= size
-    coords.reverse()
-    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
-    base = rank - sum(coords[names.index(a)] * strides[names.index(a)] for a in axes)
-    group = [base]
-    for a in sorted(axes, key=names.index, reverse=True):  # innermost first, so the result comes out sorted
-        i = names.index(a)
-        group = [g + j * strides[i] for j in range(sizes[i]) for g in group]
-    return tuple(sorted(group))
-
-
 # --- expert-parallel exchange: flat and two-level -----------------------------------------------------------
 
 

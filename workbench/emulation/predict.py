@@ -47,16 +47,10 @@ class StepFigures:
     bubble: float | None = None
 
 
-def _mesh(cfg: Config) -> list[tuple[str, int]]:
-    return [("pp", cfg.pp), ("edp", cfg.dp // cfg.ep), ("ep", cfg.ep), ("tp", cfg.tp)]
-
-
 def axis_ranks(cfg: Config, axis: str) -> tuple[int, ...]:
-    """Global ranks of rank 0's group along the estimator's `axis` ("dp" is edp × ep; "pp": the next stage)."""
-    mesh = _mesh(cfg)
-    if axis == "dp":
-        return links.mesh_group(mesh, ("edp", "ep"))
-    group = links.mesh_group(mesh, axis)
+    """Global ranks of rank 0's group along the estimator's `axis`, on the mesh the ranks build ("pp": rank 0 and
+    the next stage's rank)."""
+    group = tuple(cfg.degrees.mesh_layout().group(0, axis))
     return group[:2] if axis == "pp" else group
 
 
