@@ -13,7 +13,7 @@ from workbench.hardware import Hardware
 from workbench.plan import Plan, plan
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RankFrozen, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
-from workbench.telemetry.store import LayoutChange
+from workbench.telemetry.runs import LayoutChange
 from workbench.workbench import Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.pool import CollectiveTimeout, PoolBroken, RankFrozen, WorkerDied
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.store import Recovery
+from workbench.telemetry.runs import Recovery
 
 if TYPE_CHECKING:
     from workbench.checkpoints import SaveSchedule

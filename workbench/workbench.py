@@ -32,7 +32,8 @@ from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool
 from workbench.rank_session import RankSession
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.store import LayoutChange, RunRecord, TelemetryStore
+from workbench.telemetry.runs import LayoutChange, RunRecord
+from workbench.telemetry.store import TelemetryStore
 
 log = logging.getLogger("workbench")
 

@@ -44,7 +44,7 @@ def test_loss_per_step_with_a_marker_where_the_layout_changed():
 
 
 def test_a_recovery_is_marked_on_its_runs_loss_with_the_steps_replayed_and_not_on_a_new_models():
-    from workbench.telemetry.store import Recovery
+    from workbench.telemetry.runs import Recovery
 
     store = _fed(6)
     store.truncate(4)

@@ -6,7 +6,8 @@ import threading
 
 import workbench as wb
 from tests.ui.fakes import step_metrics
-from workbench.telemetry.store import RunRecord, TelemetryStore
+from workbench.telemetry.runs import RunRecord
+from workbench.telemetry.store import TelemetryStore
 
 
 def test_keeps_each_ranks_steps_in_step_order():

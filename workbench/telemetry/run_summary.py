@@ -18,7 +18,7 @@ from typing import Any
 
 from workbench.config import PRESETS, ModelConfig
 from workbench.telemetry.events import MEMORY_CATEGORIES
-from workbench.telemetry.store import RunRecord
+from workbench.telemetry.runs import RunRecord
 
 Beside = Callable[[RunRecord], Mapping[str, Any]]
 """Extra columns for a run's row, e.g. the estimator's predicted figures beside the measured ones."""

@@ -8,7 +8,7 @@ import html
 import statistics
 
 from workbench.hardware import profile_for, si
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 
 
 def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.telemetry.store import RunRecord, Snapshot
+from workbench.telemetry.runs import RunRecord, Snapshot
 from workbench.ui.comparison import comparison_table
 from workbench.ui.controls import Controls
 from workbench.ui.live import LivePlots, Ticker

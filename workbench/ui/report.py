@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config import Config
 from workbench.telemetry import run_summary
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.comparison import comparison_table
 from workbench.ui.panels import PANELS, static_figures
 

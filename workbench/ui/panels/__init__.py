@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.communication import draw_sync_bytes, setup_sync_bytes
 from workbench.ui.panels.experts import draw_expert_load, draw_routing, setup_expert_load, setup_routing
 from workbench.ui.panels.memory import draw_memory, setup_memory

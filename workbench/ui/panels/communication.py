@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.style import base_layout, note, rank_color
 
 

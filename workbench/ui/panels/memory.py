@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from workbench.estimate.compare import AT_REST, Comparison, measured_memory
 from workbench.hardware import si
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.style import (
     MEMORY_CATEGORIES,
     MEMORY_COLORS,

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from workbench.schedules import KINDS, Action, config_grid, config_stages, placement
 from workbench.telemetry.pipeline import PipelineBubble, pipeline_bubble, pipeline_intervals
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.style import COMPUTE_COLORS, axes_visible, base_layout, note
 
 KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-gradient backward", "W": "weight-gradient backward"}

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from workbench.telemetry.events import MEMORY_CATEGORIES
-from workbench.telemetry.store import RunRecord, Snapshot
+from workbench.telemetry.runs import RunRecord, Snapshot
 
 MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#BAB0AC")))
 COMPUTE_COLORS = {"forward": "#4C78A8", "backward": "#72B7B2", "optimizer": "#54A24B", "F": "#4C78A8", "B": "#72B7B2",

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from workbench.schedules import Action, config_stages
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.spans import COMPILING, SAVE_BACKGROUND, SAVE_HELD, Span, spans_within
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.pipeline import action_label
 from workbench.ui.panels.style import (
     COMM_COLORS,

@@ -7,7 +7,7 @@ import html
 import plotly.graph_objects as go
 
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.store import Snapshot
+from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.style import (
     COMPARED_SLOTS,
     CURRENT_COLOR,
