@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,7 +21,8 @@ def _rank_facts() -> dict:
     import torch
 
     return {"pid": os.getpid(), "ppid": os.getppid(), "threads": torch.get_num_threads(),
-            "driver": os.environ.get("WORKBENCH_DRIVER_PID"), "cwd": os.getcwd()}
+            "driver": os.environ.get("WORKBENCH_DRIVER_PID"), "cwd": os.getcwd(),
+            "name": Path("/proc/self/comm").read_text().strip()}
 
 
 def _gone(pids, timeout_s: float = 30.0) -> bool:
@@ -44,6 +46,9 @@ def test_forked_ranks_train_as_spawned_ones_and_a_restart_forks_again(monkeypatc
         assert {f["ppid"] for f in facts} == {forks.proc.pid}
         assert [f["threads"] for f in facts] == [max(1, (os.cpu_count() or 1) // 2)] * 2
         assert {f["driver"] for f in facts} == {str(os.getpid())}
+        # Named for `top` and `pgrep -l wb-`, not a row of "python"s.
+        assert [f["name"] for f in facts] == ["wb-rank-0", "wb-rank-1"]
+        assert Path(f"/proc/{forks.proc.pid}/comm").read_text().strip() == "wb-zygote"
         bench.apply(wb.Config(dp=2))
         losses["forked"] = [m.loss for m in bench.train(3).wait()]
         bench.restart()
@@ -54,7 +59,9 @@ def test_forked_ranks_train_as_spawned_ones_and_a_restart_forks_again(monkeypatc
     monkeypatch.setenv("WORKBENCH_ZYGOTE", "0")
     with wb.Workbench(2, standby=False) as bench:
         assert bench.pool._zygote is None
-        assert {f["ppid"] for f in bench.pool.run(_rank_facts)} == {os.getpid()}
+        spawned = bench.pool.run(_rank_facts)
+        assert {f["ppid"] for f in spawned} == {os.getpid()}
+        assert [f["name"] for f in spawned] == ["wb-rank-0", "wb-rank-1"]
         bench.apply(wb.Config(dp=2))
         losses["spawned"] = [m.loss for m in bench.train(3).wait()]
     assert losses["forked"] == losses["spawned"]  # bit for bit

@@ -37,6 +37,7 @@ from typing import Any
 
 from workbench.pool import handshake, private_dir, protocol, rank as rank_api, wire, world
 from workbench.pool.launch import read_key_file
+from workbench.pool.process_name import name_process
 
 CONNECT_TIMEOUT_S = 60.0
 """How long a rank tries to reach (and be welcomed by) the notebook before it gives up."""
@@ -333,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     world_size = a.world_size if a.world_size is not None else int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
     local_rank = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", rank if a.local else 0)))
     local_world = int(env.get("LOCAL_WORLD_SIZE", world_size if a.local else 1))
+    name_process(f"wb-rank-{rank}")
     prepare = json.loads(env["WORKBENCH_PREPARE"]) if a.standby else None
     worker = Worker(a.connect, read_key_file(a.key_file), rank, world_size, local_rank, local_world, a.local,
                     private=(prepare or {}).get("private_dir"))

@@ -22,12 +22,15 @@ import socket
 import sys
 import traceback
 
+from workbench.pool.process_name import name_process
+
 REQUEST_BYTES = 1 << 20
 """The largest request (arguments and environment as JSON): a message the notebook sent, never a peer's."""
 
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
+    name_process("wb-zygote")
     try:
         from workbench.pool import world
 
