@@ -190,8 +190,8 @@ def bubble_config(schedule: str, pp: int) -> Config:
 
 OVERHEAD_MS_PER_ACTION = 3.0
 """What a step spends per action beyond the actions' own times, two ranks on two cores: torch's runtime between
-actions and the p2p hop (gloo over loopback). Measured here, quiet: 0.6-2.1 ms (stop 29 note); an NCCL hop on a
-cluster costs microseconds."""
+actions and the p2p hop (gloo over loopback). Measured here, quiet: 0.6-2.1 ms (`benches/pipeline_bubble.py`
+prints it); an NCCL hop on a cluster costs microseconds."""
 
 
 def idle_against_replay(cfg: Config, steps: list[list[dict]]) -> dict:
@@ -218,8 +218,9 @@ def test_each_schedule_idles_as_its_order_replayed_says_and_zero_bubble_idles_le
     - the formulas. They take one time per kind and equal stages, ZB-V's also F = I = W; here I and W differ by up
       to half, and the V puts both the embedding and the head on rank 0: the replay idles 1.1-3x ZB-V's formula
       and 0.9-1.2x 1F1B's.
-    - that ZB-V's measured idle is below 1F1B's. It runs three times the actions, of half the size, and at 1-2 ms
-      an action the runtime takes back most of what the order saves (measured 33-60 ms against 60-83 ms).
+    - that ZB-V's measured idle is below 1F1B's. It was in every run here (33-60 ms against 60-83 ms; 0.53x in
+      `benches/pipeline_bubble.py`), but ZB-V runs three times the actions, of half the size, and at 1-2 ms an
+      action the runtime takes back part of what the order saves: once the margin was 1 ms.
     - pp = 4: four ranks time-share two cores, so a rank's idle is the others' compute, and the per-action cost
       (1.7-4.2 ms measured) adds up to as much as the bubble.
     A step where another process kept a rank off the cores (thread CPU under 75% of its actions' wall time)
