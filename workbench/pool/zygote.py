@@ -220,7 +220,8 @@ def usable(device: str) -> bool:
 
 def acquire(env: dict[str, str], prepare: dict) -> Zygote:
     """The zygote for ranks with this environment and preparation (started if there is none); `release` it."""
-    key = _key(env, prepare)
+    shared = {k: v for k, v in env.items() if k not in PER_POOL}
+    key = _key(shared, prepare)
     with _lock:
         timer = _lingering.pop(key, None)
         if timer is not None:
@@ -230,7 +231,7 @@ def acquire(env: dict[str, str], prepare: dict) -> Zygote:
             if zygote is not None:
                 zygote.close()
             _evict_idle(keep=MAX_ZYGOTES - 1)
-            zygote = _zygotes[key] = Zygote({k: v for k, v in env.items() if k not in PER_POOL}, prepare)
+            zygote = _zygotes[key] = Zygote(shared, prepare)
         zygote.users += 1
         return zygote
 
@@ -281,8 +282,7 @@ def _evict_idle(keep: int) -> None:
         _zygotes.pop(key).close()
 
 
-def _key(env: dict[str, str], prepare: dict) -> str:
-    shared = {k: v for k, v in env.items() if k not in PER_POOL}
+def _key(shared: dict[str, str], prepare: dict) -> str:
     return json.dumps([shared, {k: v for k, v in prepare.items() if k not in ("private_dir", "threads")}],
                       sort_keys=True)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import traceback
@@ -39,12 +40,22 @@ def main() -> None:
     except BaseException:  # noqa: BLE001 - said to the notebook, which spawns its ranks instead
         _send(sock, {"failed": traceback.format_exc()})
         os._exit(1)
-    _send(sock, {"prepared": True, "threads": _threads()})
+    _send(sock, {"prepared": True})
+    # A child's exit wakes the loop (SIGCHLD writes a byte to `wake`): idle, the zygote sleeps in select, as long
+    # as its pools live, instead of polling for exits 20 times a second.
+    wake = os.pipe()
+    for fd in wake:
+        os.set_blocking(fd, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake[1])
     children: set[int] = set()
     while True:
-        readable, _, _ = select.select([sock], [], [], 0.05)
+        readable, _, _ = select.select([sock, wake[0]], [], [])
+        if wake[0] in readable:
+            while _drained(wake[0]):
+                pass
         _reap(sock, children)
-        if not readable:
+        if sock not in readable:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, REQUEST_BYTES, 3)
@@ -60,17 +71,21 @@ def main() -> None:
             continue
         pid = os.fork()
         if pid == 0:
-            _become_rank(sock, fds, request)
+            _become_rank(sock, wake, fds, request)
         for fd in fds:
             os.close(fd)  # the child's now: the notebook must see their ends close when the child exits
         children.add(pid)
         _send(sock, {"id": request["id"], "pid": pid})
 
 
-def _become_rank(sock: socket.socket, fds: list[int], request: dict) -> None:
+def _become_rank(sock: socket.socket, wake: tuple[int, int], fds: list[int], request: dict) -> None:
     """In the child: its own session and standard streams, the rank's environment, then the worker's main."""
     try:
         sock.close()
+        signal.set_wakeup_fd(-1)  # the zygote's way of hearing of exits is not the rank's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in wake:
+            os.close(fd)
         os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -105,6 +120,13 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             return
         children.discard(pid)
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _drained(fd: int) -> bool:
+    try:
+        return bool(os.read(fd, 4096))
+    except BlockingIOError:
+        return False
 
 
 def _send(sock: socket.socket, message: dict) -> None:
