@@ -30,7 +30,7 @@ from workbench import hardware, links
 from workbench.config import Config
 from workbench.emulation.cluster import step_compute_s
 from workbench.estimate.records import Estimate, Role, StageEstimate
-from workbench.schedules import Durations, config_stages, placement, rank_orders, simulate, stage_rank
+from workbench.schedules import Durations, Timeline, config_stages, placement, rank_orders, simulate, stage_rank
 
 VOTE_BYTES = 4 * 6
 """The trainer's per-step all-reduce: loss, weight, found_inf, stop, skip, oom as fp32 (MoE adds its counts)."""
@@ -99,13 +99,9 @@ def _pipeline(cfg: Config, est: Estimate, topology: links.Topology) -> tuple[flo
     chunks = config_stages(cfg)
     per_rank = [(s.compute_s - _optimizer_s(s)) / cfg.micro_batches / chunks for s in est.stages]
     durations = [Durations.split(t / 3, t / 3, t / 3) for t in per_rank]
-    send = next(c for c in est.stages[0].comm if c.role is Role.PIPELINE)
-    hop = links.collective_time("send", send.bytes / send.calls, axis_ranks(cfg, "pp"), topology)
     style = placement(cfg.schedule)
-    timeline = simulate(rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, chunks),
-                        lambda a: durations[stage_rank(a.stage, cfg.pp, style)].of(a), chunks, hop,
-                        receive_when_free=True)
-    return timeline.makespan, sum(timeline.idle_per_rank) / cfg.pp / timeline.makespan
+    timeline = _in_time(cfg, est, topology, lambda a: durations[stage_rank(a.stage, cfg.pp, style)].of(a))
+    return timeline.makespan, _bubble(cfg, timeline)
 
 
 def bubble_at_measured_compute(cfg: Config, actions, topology: links.Topology, dilation: float) -> float:
@@ -119,11 +115,21 @@ def bubble_at_measured_compute(cfg: Config, actions, topology: links.Topology, d
 
     took = {(a.stage, a.kind, a.microbatch): (a.end_ns - a.start_ns) * 1e-9 / dilation
             for a in map(lambda a: ActionInterval(*a), actions)}
+    timeline = _in_time(cfg, _estimate(cfg, topology), topology, lambda a: took[a.stage, a.kind, a.microbatch])
+    return _bubble(cfg, timeline)
+
+
+def _in_time(cfg: Config, est: Estimate, topology: links.Topology, duration) -> Timeline:
+    """`cfg`'s schedule run in time with each action `duration(action)` long and every hop a send of the stage's
+    boundary (`est`'s pipeline send) on the link model, started once the receiving stage is free."""
     chunks = config_stages(cfg)
-    send = next(c for c in _estimate(cfg, topology).stages[0].comm if c.role is Role.PIPELINE)
+    send = next(c for c in est.stages[0].comm if c.role is Role.PIPELINE)
     hop = links.collective_time("send", send.bytes / send.calls, axis_ranks(cfg, "pp"), topology)
-    timeline = simulate(rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, chunks),
-                        lambda a: took[a.stage, a.kind, a.microbatch], chunks, hop, receive_when_free=True)
+    return simulate(rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, chunks), duration, chunks, hop,
+                    receive_when_free=True)
+
+
+def _bubble(cfg: Config, timeline: Timeline) -> float:
     return sum(timeline.idle_per_rank) / cfg.pp / timeline.makespan
 
 
