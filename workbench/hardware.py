@@ -263,10 +263,11 @@ def cpu_for(ranks: int) -> Hardware:
     (the notebook) at the threads a local rank of a pool that size gets (the cores shared among the ranks, as the
     pool sets them), so that the notebook's estimate predicts its ranks, not itself."""
     from workbench.pool import rank
+    from workbench.pool.launch import threads_per_rank
 
     if rank.info is not None:
         return measure_cpu()
-    return measure_cpu(threads=max(1, (os.cpu_count() or 1) // ranks))
+    return measure_cpu(threads=threads_per_rank(ranks))
 
 
 def _measure_cpu(torch, budget_s: float) -> Hardware:

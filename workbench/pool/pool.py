@@ -97,7 +97,7 @@ class Pool:
         self._key = launch.write_key_file(self.key_file)
         self._subscribers: list = []
         self._ids = itertools.count(1)
-        threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+        threads = threads_per_rank or launch.threads_per_rank(world_size)
         self._settings_base = {
             "device": device, "heartbeat_s": HEARTBEAT_S, "orphan_timeout_s": heartbeat_timeout_s,
             "pg_timeout_s": 2 * timeout_s + 30, "threads": threads_per_rank, "preload": list(preload),

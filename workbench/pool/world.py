@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from workbench.pool import rank as rank_api
+from workbench.pool.launch import threads_per_rank
 
 PREPARE_KEYS = ("device", "threads", "preload", "backend_setup")
 """The settings `prepare` reads: the same for every session of a pool, so a local rank gets them at spawn."""
@@ -41,7 +42,7 @@ def prepare(settings: dict[str, Any], local_rank: int, local_world_size: int) ->
 
     marks = {"torch": time.monotonic()}
 
-    torch.set_num_threads(settings["threads"] or max(1, (os.cpu_count() or 1) // local_world_size))
+    torch.set_num_threads(settings["threads"] or threads_per_rank(local_world_size))
     device = settings["device"]
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size else "cpu"
