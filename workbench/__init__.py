@@ -31,9 +31,10 @@ def load_ipython_extension(ipython) -> None:
 
 def _prepare_ahead_in_a_kernel() -> None:
     # In a notebook, the Workbench of a later cell then forks ranks already prepared: about 0.1 s instead of ~6.
-    from workbench.workbench import _in_kernel, prepare_ahead
+    from workbench.kernel import in_kernel
+    from workbench.workbench import prepare_ahead
 
-    if _in_kernel():
+    if in_kernel():
         try:
             prepare_ahead()
         except Exception:  # noqa: BLE001 - a head start, never a reason for the import to fail

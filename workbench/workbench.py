@@ -13,7 +13,6 @@ import contextlib
 import logging
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -22,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench import checkpoints
+from workbench import checkpoints, kernel
 from workbench.config import Config, ConfigError
 from workbench.corpus import check_corpus
 from workbench.emulation import Cluster, status_line
@@ -118,9 +117,9 @@ class Workbench:
         """What the Workbench is doing now, for the status line: "spawning", "building", "resharding",
         "loading", "saving", or None."""
         self._owns_pool = pool is None
-        exclusive = pool is None and (_in_kernel() if exclusive is None else exclusive)
+        exclusive = pool is None and (kernel.in_kernel() if exclusive is None else exclusive)
         if exclusive:
-            _close_previous()  # before spawning: the old ranks must not share the cores with the new ones
+            kernel.close_previous()  # before spawning: the old ranks must not share the cores with the new ones
         self.cluster = emulation_for(cluster, pool.world_size if pool is not None else world_size, telemetry)
         """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
         if pool is None:
@@ -149,7 +148,7 @@ class Workbench:
         # Asked now, while the ranks are idle: later a run may hold them, and checking a config must not wait on it.
         self._capabilities = self.session.capabilities()
         if exclusive:
-            _Live.bench = weakref.ref(self)
+            kernel.claim(self)
 
     # -- configure -------------------------------------------------------------------------------
     def check(self, cfg: Config) -> None:
@@ -445,28 +444,3 @@ def keeps_weights(current: Config | None, new: Config, fresh: bool) -> bool:
     the rule the ranks' session applies (same shape and seed, routing settings aside, and not `fresh`)."""
     return (current is not None and not fresh and current.model.same_weights(new.model)
             and current.seed == new.seed)
-
-
-class _Live:
-    bench: "weakref.ref[Workbench] | None" = None
-    """The kernel's exclusive Workbench (see Workbench's `exclusive`)."""
-
-
-def _in_kernel() -> bool:
-    """True inside a Jupyter kernel (an IPython shell with a kernel), without importing IPython otherwise."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return getattr(shell, "kernel", None) is not None
-
-
-def _close_previous() -> None:
-    previous = _Live.bench() if _Live.bench is not None else None
-    _Live.bench = None
-    if previous is None or previous.closed:
-        return
-    what = (f"{previous.pool.world_size} ranks, layout {previous.config.layout if previous.config else 'none'}, "
-            f"{len(previous.history)} steps trained")
-    previous.close()
-    warnings.warn(f"closed the previous Workbench ({what}) before starting this one: one live Workbench per "
-                  "kernel, so that two pools never share the cores and an old dashboard never drives old ranks "
-                  "(its runs stay readable). Workbench(..., exclusive=False) keeps both.", stacklevel=3)

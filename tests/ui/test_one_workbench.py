@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 import workbench as wb
-from workbench import workbench as workbench_module
+from workbench import kernel
 from workbench.ui.dashboard import dashboard
 
 
@@ -39,9 +39,9 @@ def test_a_second_workbench_closes_the_first_and_leaves_no_orphan_rank():
 
 
 def test_exclusive_by_default_only_in_a_kernel(monkeypatch, pool):
-    monkeypatch.setattr(workbench_module, "_in_kernel", lambda: True)
-    before = workbench_module._Live.bench
+    monkeypatch.setattr(kernel, "in_kernel", lambda: True)
+    before = kernel.live()
     shared = wb.Workbench(pool=pool)  # over a given pool: never exclusive, never closes another
-    assert workbench_module._Live.bench is before and not shared.closed
+    assert kernel.live() is before and not shared.closed
     shared.close()
     assert not pool.broken  # the pool it was given outlives it
