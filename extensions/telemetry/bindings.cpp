@@ -140,6 +140,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("release"));
   m.def("has_cuda_marker", &wbt::has_cuda_marker);
   m.def("unstamped_cuda_ops", &wbt::unstamped_cuda_ops);
+  m.def("delay_cpu_stamps", &wbt::delay_cpu_stamps, py::arg("ns"));
 
   wbt::bind_quantize(m);
   wbt::bind_emulation(m);

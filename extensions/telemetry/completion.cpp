@@ -4,6 +4,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "clock.h"
 #include "recorded_work.h"
@@ -15,6 +17,7 @@ namespace {
 std::atomic<CudaMarker> g_marker{nullptr};
 std::atomic<CudaMarkRelease> g_release{nullptr};
 std::atomic<uint64_t> g_unstamped{0};
+std::atomic<int64_t> g_stamp_delay_ns{0};
 
 uintptr_t current_stream(const at::Device& device) {
   c10::impl::VirtualGuardImpl impl(device.type());
@@ -42,6 +45,10 @@ void set_cuda_marker(CudaMarker mark, CudaMarkRelease release) {
 
 bool has_cuda_marker() {
   return g_marker.load() != nullptr;
+}
+
+void delay_cpu_stamps(int64_t ns) {
+  g_stamp_delay_ns.store(ns);
 }
 
 uint64_t unstamped_cuda_ops() {
@@ -76,6 +83,9 @@ c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
         if (!f.hasError()) { // a failed op is not a timing
           Record done = record;
           done.end_ns = now_ns();
+          if (const int64_t delay = g_stamp_delay_ns.load(std::memory_order_relaxed); delay > 0) {
+            std::this_thread::sleep_for(std::chrono::nanoseconds(delay));
+          }
           recorder->add(std::move(done));
         }
         return f.value(); // rethrows a failure into the stamped future

@@ -40,6 +40,11 @@ bool has_cuda_marker();
 // collective failed): counted here, never recorded with host-side guesses.
 uint64_t unstamped_cuda_ops();
 
+// Fault injection for tests: the completion callback stores its span `ns`
+// late, as a completion thread the scheduler ran late does on a busy machine.
+// Nobody may learn of the collective's end before the span is stored.
+void delay_cpu_stamps(int64_t ns);
+
 c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
     c10::intrusive_ptr<c10d::Work> work,
     Record record,

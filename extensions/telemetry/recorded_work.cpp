@@ -34,7 +34,9 @@ void RecordedWork::stamp() {
 }
 
 bool RecordedWork::isCompleted() {
-  const bool done = inner_->isCompleted();
+  // Done once the span is stored: the inner Work reports itself done before
+  // its future has run the callback that stores it.
+  const bool done = future_ ? future_->completed() : inner_->isCompleted();
   if (done) {
     stamp();
   }
@@ -46,6 +48,14 @@ bool RecordedWork::wait(std::chrono::milliseconds timeout) {
   bool ok = false;
   try {
     ok = inner_->wait(timeout);
+    if (ok && future_) {
+      // The inner Work wakes its waiters before its future runs callbacks, so
+      // it can return while the callback that stores the span has yet to run:
+      // a step drained then loses the collective to the next step's discard
+      // (one rank's step saw it, the other's did not). The stamped future
+      // completes only after the span is stored.
+      future_->wait();
+    }
   } catch (...) {
     if (flight_.id != 0 && !stamped_.exchange(true)) {
       flight_ring().complete(flight_, true, false, 0);

@@ -5,7 +5,9 @@
 //  - getFuture() returns a future completed only after the span is stored.
 //    gloo's future flags itself done *before* running its callbacks, so
 //    whoever learns of completion through it (DDP's reducer, comm hooks)
-//    could otherwise drain before the span arrives;
+//    could otherwise drain before the span arrives; wait() and
+//    isCompleted() answer from that future too: a paced Work's future (the
+//    emulation's) wakes its waiters before its callbacks run;
 //  - a Work without a future (gloo's send/recv and reduce_scatter, which
 //    finish inside wait()) is stamped when wait() returns: in C++, but only
 //    once the caller looks. So is its flight-recorder entry (`flight`); a
