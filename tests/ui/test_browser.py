@@ -166,12 +166,6 @@ def _plot(page, title_start: str) -> dict:
     return next(p for p in page.evaluate(_PLOTS_JS) if p["title"].startswith(title_start))
 
 
-def sync_api_errors():
-    import playwright.sync_api
-
-    return playwright.sync_api
-
-
 def _log(what: str, _start=[]) -> None:
     # Printed progress is shown with a failure: it says which stage of the walk-through stalled.
     _start.append(_start[0] if _start else time.monotonic())
@@ -228,15 +222,16 @@ def test_the_dashboard_in_a_real_browser_at_two_widths(lab):
 def _walk_through(page, url: str, token: str) -> None:
     page.goto(f"{url}/lab/tree/notebooks/dashboard.ipynb?token={token}")
     page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')")
-    # A fresh profile may ask which kernel to start; the notebook's own (python3) is preselected.
+    # A fresh profile may ask which kernel to start (the notebook's own, python3, is preselected), or start it at
+    # once: wait for whichever comes first, not for a dialog that may never come.
+    idle = "window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'"
+    page.wait_for_function(f"() => ({idle}) || Array.from(document.querySelectorAll('.jp-Dialog'))"
+                           ".some(d => d.textContent.includes('Select Kernel'))")
     chooser = page.locator(".jp-Dialog", has_text="Select Kernel")
-    try:
-        chooser.wait_for(timeout=8_000)
+    if chooser.count():
         chooser.get_by_role("button", name="Select", exact=True).click()
-    except sync_api_errors().TimeoutError:
-        pass
     # Wait for the kernel before running everything, or the first cells queue behind its start.
-    page.wait_for_function("window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status === 'idle'")
+    page.wait_for_function(idle)
     _log("notebook open, kernel idle")
     # The file browser stays open (JupyterLab's default): the dashboard must fit beside it.
     page.evaluate("() => { window.jupyterapp.shell.expandLeft(); "
@@ -304,14 +299,20 @@ def _walk_through(page, url: str, token: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
-        time.sleep(1.5)  # the figures follow their columns' new width
+        _wait(lambda: _figures_follow_their_columns(page), 30, f"the figures to follow their columns at {width} px")
         _check_layout(page.evaluate(_BOXES_JS), width)
         # The picture: a window tall enough for the whole dashboard (JupyterLab draws only what is on screen).
         tall = int(board.evaluate("b => b.getBoundingClientRect().height")) + 400
         page.set_viewport_size({"width": width, "height": tall})
-        time.sleep(1.5)
+        _wait(lambda: _figures_follow_their_columns(page), 30, f"the figures to be drawn at {width} px, tall")
         board.screenshot(path=str(ARTIFACTS / f"dashboard-{width}.png"))
         _log(f"layout checked at {width} px: {ARTIFACTS / f'dashboard-{width}.png'}")
+
+
+def _figures_follow_their_columns(page) -> bool:
+    """Plotly redraws a figure at its column's width a moment after the window changes: until then, wait."""
+    figures = page.evaluate(_BOXES_JS)["figures"]
+    return bool(figures) and all(0.9 * f["cell"] <= f["width"] <= f["cell"] + 1 for f in figures)
 
 
 def _check_layout(found: dict, width: int) -> None:
