@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 # The torch build known good on a CPU-only machine with Python 3.11. pyproject.toml keeps a broad range;
 # on a CUDA machine run e.g. `make setup TORCH=torch==2.13.0` with the index of your CUDA build.
 TORCH  ?= torch==2.13.0
+# The Hugging Face stack known good with it (pyproject.toml keeps broad ranges).
+HF     ?= transformers==5.25.0 tokenizers==0.23.3 safetensors==0.8.0
 PYTEST_ARGS ?=
 
 .PHONY: setup lab test bench clean
@@ -15,7 +17,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q $(TORCH) $(HF)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m workbench.doctor --build
 	touch $@
