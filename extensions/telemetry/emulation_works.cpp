@@ -2,9 +2,6 @@
 
 #include "emulation_works.h"
 
-#include <ATen/core/ivalue.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -12,6 +9,7 @@
 
 #include "clock.h"
 #include "emulation_pacer.h"
+#include "torch_handles.h"
 
 namespace wbt::emulation {
 
@@ -20,14 +18,9 @@ namespace {
 std::atomic<CudaStartStamp> g_cuda_stamp{nullptr};
 std::atomic<CudaHold> g_cuda_hold{nullptr};
 
-uintptr_t stream_of(const at::Device& device) {
-  c10::impl::VirtualGuardImpl impl(device.type());
-  return reinterpret_cast<uintptr_t>(impl.getStream(device).native_handle());
-}
-
 void hold_current_stream(const at::Device& device, int64_t slot, int64_t target_ns, int64_t real_ns) {
   const CudaHold hold = g_cuda_hold.load();
-  const int err = hold(device.index(), stream_of(device), slot, target_ns, real_ns);
+  const int err = hold(device.index(), current_stream(device), slot, target_ns, real_ns);
   TORCH_CHECK(err == 0, "workbench emulation: holding the stream failed (CUDA error ", err, ")");
 }
 
@@ -70,13 +63,8 @@ class PacedWork final : public PacedBase {
       : PacedBase(std::move(inner)),
         start_(std::move(start)),
         target_ns_(target_ns) {
-    c10::intrusive_ptr<c10::ivalue::Future> fut;
-    try {
-      fut = inner_->getFuture();
-    } catch (const c10::Error&) {
-      // gloo's send/recv and reduce_scatter finish inside wait(): paced there.
-    }
-    if (!fut) {
+    const auto fut = future_of(inner_);
+    if (!fut) { // paced in wait()
       return;
     }
     future_ = c10::make_intrusive<c10::ivalue::Future>(fut->elementType());
@@ -228,7 +216,7 @@ int64_t cuda_stamp(const at::Device& device) {
       stamp != nullptr && g_cuda_hold.load() != nullptr,
       "workbench emulation: CUDA collectives need the CUDA library's pacer "
       "(workbench.emulation.rank installs it; build it with python -m workbench.doctor --build)");
-  const int64_t slot = stamp(device.index(), stream_of(device));
+  const int64_t slot = stamp(device.index(), current_stream(device));
   TORCH_CHECK(slot >= 0, "workbench emulation: stamping the start failed (CUDA error ", -slot, ")");
   return slot;
 }
