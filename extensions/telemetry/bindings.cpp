@@ -12,7 +12,6 @@
 #include "emulation_model.h"
 #include "emulation_works.h"
 #include "flight_recorder.h"
-#include "intervals.h"
 #include "quantize.h"
 #include "recorder.h"
 #include "recording_backend.h"
@@ -21,26 +20,6 @@ namespace py = pybind11;
 namespace emu = wbt::emulation;
 
 namespace {
-
-using PySpans = std::vector<std::pair<int64_t, int64_t>>;
-
-std::vector<wbt::Span> to_spans(const PySpans& in) {
-  std::vector<wbt::Span> out;
-  out.reserve(in.size());
-  for (const auto& [s, e] : in) {
-    out.push_back({s, e});
-  }
-  return out;
-}
-
-PySpans from_spans(const std::vector<wbt::Span>& in) {
-  PySpans out;
-  out.reserve(in.size());
-  for (const auto& s : in) {
-    out.emplace_back(s.start, s.end);
-  }
-  return out;
-}
 
 wbt::Kind parse_kind(const std::string& kind) {
   if (kind == "compute") {
@@ -172,16 +151,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("open_count", &wbt::Recorder::open_count)
       .def_property_readonly("dropped", &wbt::Recorder::dropped);
   m.def("recorder", [] { return wbt::global_recorder(); });
-
-  m.def("merge", [](const PySpans& s) { return from_spans(wbt::merge(to_spans(s))); });
-  m.def("union_length", [](const PySpans& s) { return wbt::union_length(to_spans(s)); });
-  m.def("intersection", [](const PySpans& a, const PySpans& b) {
-    return from_spans(wbt::intersection(to_spans(a), to_spans(b)));
-  });
-  m.def("step_overlap", [](const PySpans& compute, const PySpans& comm) {
-    const auto r = wbt::step_overlap(to_spans(compute), to_spans(comm));
-    return py::make_tuple(r.comm_ns, r.exposed_ns, r.overlapped_ns);
-  });
 
   m.def(
       "recording_backend",
