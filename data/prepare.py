@@ -15,7 +15,7 @@ from pathlib import Path
 # Runnable from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.engine.data import default_cache_dir, prepare  # noqa: E402
+from workbench.shards import default_cache_dir, prepare  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 Pure (no torch, no numpy), so the notebook side can refuse a missing, empty or
 binary corpus when a Workbench is made or a layout applied, before any rank
-is touched; engine/data.py builds its shard from the same `Corpus.files()`.
+is touched; shards.py builds its shard from the same `Corpus.files()`.
 """
 
 from __future__ import annotations
