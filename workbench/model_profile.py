@@ -56,7 +56,8 @@ class ModelProfile:
     name: str
     seq_len: int
     precision: str
-    """"fp32", or "low": traced under bf16 autocast (what bf16, fp16 and fp8's bf16 save)."""
+    """"fp32"; "low", traced under bf16 autocast (what bf16, fp16 and fp8's bf16 save); "bf16_params", bf16
+    parameters without autocast (FSDP2's mixed precision)."""
     dim: int
     """Width of the residual stream (the embedding's output)."""
     vocab_size: int

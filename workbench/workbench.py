@@ -219,7 +219,7 @@ class Workbench:
     def _predicted_memory(self, cfg: Config) -> dict[int, dict[str, int]]:
         """Each rank's memory as the estimator predicts it for `cfg` on these ranks' device, for the memory plot;
         {} where no hardware profile describes the device, or the estimator cannot price the layout there."""
-        from workbench.estimate import estimate
+        from workbench.tracing.estimate import estimate  # any model: traced where it is not the built-in one
         from workbench.estimate.compare import predicted_memory
         from workbench.hardware import cpu_with_peak, profile_for
 

@@ -165,9 +165,17 @@ def stage_shapes(cfg: Config, profile: ModelProfile | None = None) -> list[Stage
     return [stage_shape(cfg, rank, layers, profile) for rank, layers in enumerate(rank_layers(cfg))]
 
 
+def traced_precision(cfg: Config) -> str:
+    """The precision a trace of `cfg`'s model runs in: "fp32"; "low", bf16 autocast over fp32 parameters (bf16,
+    fp16, fp8's bf16 beside the Float8 linears); "bf16_params" under FSDP2's mixed precision."""
+    if cfg.precision == "fp32":
+        return "fp32"
+    return "bf16_params" if cfg.mixed_precision == "fsdp" else "low"
+
+
 def check_profile(cfg: Config, profile: ModelProfile) -> None:
     """A profile describes one sequence length and precision, and a model of cfg.model's depth."""
-    low = "low" if cfg.precision != "fp32" else "fp32"
+    low = traced_precision(cfg)
     if (profile.seq_len, profile.precision, profile.n_layers) != (cfg.seq_len, low, cfg.model.n_layers):
         raise ValueError(f"the profile of {profile.name} was traced at seq_len={profile.seq_len}, precision "
                          f"{profile.precision!r}, {profile.n_layers} blocks; this Config runs seq_len={cfg.seq_len}, "

@@ -31,6 +31,7 @@ from workbench.model_profile import BlockProfile, Gemm, ModelProfile
 from workbench.tracing.parts import Parts, is_column, is_split
 
 aten = torch.ops.aten
+PRECISIONS = ("fp32", "low", "bf16_params")
 
 
 def _attention_flops(q_shape, k_shape, v_shape) -> int:
@@ -48,9 +49,17 @@ def _cpu_flash_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kw
     return 2 * _attention_flops(q_shape, k_shape, v_shape)  # dv, dp, dq and dk: four matmuls of the same size
 
 
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """A grouped matmul (mixture-of-experts FFNs): 2·M·K·N over all its groups together, whatever the split."""
+    if len(a_shape) == 3 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+    return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+
+
 FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    aten._grouped_mm: _grouped_mm_flops,
 }
 """The CPU's fused attention kernels, which FlopCounterMode has no formula for: counted as their math (q·kᵀ and
 p·v over the whole square, and twice that backward), as it counts the GPU's flash and efficient kernels."""
@@ -71,16 +80,23 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
     """The profile of the model `build()` returns, for one sequence of `seq_len` tokens.
 
     build: makes the model (called under FakeTensorMode: its parameters are fake, nothing is allocated).
-    precision: "fp32", or "low" (bf16 autocast: what bf16, fp16 and fp8's bf16 save).
+    precision: "fp32"; "low", bf16 autocast over fp32 parameters (what bf16, fp16 and fp8's bf16 save); or
+    "bf16_params", bf16 parameters and no autocast (FSDP2's mixed precision, Config.mixed_precision="fsdp").
     plan: the tensor-parallel plan of one block ({"attention.wq": "colwise", ...}, "*" for any name); None takes
     the model's own (`Parts.plan`).
     """
-    if precision not in ("fp32", "low"):
-        raise ValueError(f"precision must be 'fp32' or 'low', got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     start = time.perf_counter()
     mode = FakeTensorMode()
-    with mode:
-        model = build()
+    default = torch.get_default_dtype()
+    try:
+        if precision == "bf16_params":  # built in bf16: fake parameters cannot be swapped for a cast afterwards
+            torch.set_default_dtype(torch.bfloat16)
+        with mode:
+            model = build()
+    finally:
+        torch.set_default_dtype(default)
     parts = Parts.of(model)
     plan = parts.plan if plan is None else plan
     vocab = vocab_size or parts.vocab_size
@@ -88,7 +104,7 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
         inputs, targets = torch.randint(0, vocab, (1, seq_len)), torch.randint(0, vocab, (1, seq_len))
     regions, first, last = _Watch(model, parts, plan), _Region(), _Region()
     # One counter for forward and backward, so that backward's FLOPs are charged to the modules too.
-    with mode, FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
+    with mode, _GroupedShapes(), FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         with regions.hooks(first, last), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "low"):
             logits = parts.logits(model(inputs))
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
@@ -100,6 +116,24 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
                     time.perf_counter() - start)
 
 
+class _GroupedShapes(TorchDispatchMode):
+    """torch's grouped matmul on fake tensors: its output's shape, not its meta function, which accepts bf16 only
+    where the CPU kernel (what the ranks run, transformers' default for experts) takes fp32 too."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is aten._grouped_mm.default:
+            a, b = args[0], args[1]
+            offs = (kwargs or {}).get("offs", args[2] if len(args) > 2 else None)
+            if a.dim() == 2 and b.dim() == 3:
+                shape = (a.shape[0], b.shape[2])
+            elif a.dim() == 2 and b.dim() == 2:  # a weight's gradient: one (K, N) per group
+                shape = (offs.shape[0], a.shape[0], b.shape[1])
+            else:
+                shape = (a.shape[0], a.shape[1], b.shape[-1])
+            return torch.empty(shape, dtype=(kwargs or {}).get("out_dtype") or a.dtype, device=a.device)
+        return func(*args, **(kwargs or {}))
+
+
 class _Casts(TorchDispatchMode):
     """Sees every copy to another dtype, so that autocast's casts of weights and of gathered inputs are known."""
 
@@ -109,6 +143,8 @@ class _Casts(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.watch.current is None and isinstance(out, torch.Tensor):
+            self.watch.outside.add(self.watch.hold(out))  # made between the parts: shared by the blocks
         if func is aten._to_copy.default and isinstance(args[0], torch.Tensor):
             source = _key(args[0])
             if source in self.watch.params:
@@ -133,6 +169,8 @@ class _Watch:
         """Storages of the inputs of column-parallel linears, and their casts: saved whole under sequence parallel."""
         self.weight_casts: set[int] = set()
         """Storages of autocast's copies of parameters."""
+        self.outside: set[int] = set()
+        """Storages made between the parts (outside the embedding and every block): shared, not a block's own."""
         self.held: list[torch.Tensor] = []
         """Every tensor whose storage is remembered, kept alive (fake: no memory) so that no other storage is made
         at its address while the trace runs."""
@@ -158,7 +196,7 @@ class _Watch:
             for (path, block), region in zip(self.parts.blocks, self.blocks, strict=True):
                 handles += [block.register_forward_pre_hook(entering(region)), block.register_forward_hook(leaving)]
                 handles += self._linear_hooks(block, region)
-            self.last = last
+            self.first, self.last = first, last
             try:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), _Casts(self):
                     yield
@@ -185,6 +223,8 @@ class _Watch:
             return t
         self.seen.add(key)
         region = self.current or self.last  # outside every block and the embedding: the model's end
+        if key in self.outside and region is not self.last and region is not self.norm:
+            region = self.first  # made once before the blocks (rotary cos/sin, masks) and read by all of them
         nbytes = t.untyped_storage().nbytes()
         region.saved += nbytes
         if key in self.gathered:
