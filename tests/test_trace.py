@@ -61,7 +61,9 @@ def test_a_traced_profile_counts_the_built_in_model_exactly():
     block = p.kinds[0]
     assert block.split_params == 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 384, "wq, wo; wk, wv; w1, w3, w2"
     assert block.params - block.split_params == 2 * 128, "the two norms are all tensor parallel keeps whole"
-    assert {(g.n, g.k) for g in block.gemms} == {(128, 128), (64, 128), (384, 128), (128, 384)}
+    assert [(g.n, g.k, g.split) for g in block.gemms] == [  # wq, wk, wv, wo, w1, w3, w2 as they ran
+        (128, 128, "column"), (64, 128, "column"), (64, 128, "column"), (128, 128, "row"),
+        (384, 128, "column"), (384, 128, "column"), (128, 384, "row")]
     assert traced_profile(m, 128, "fp32") is p, "traced once per model, sequence length and precision"
 
 

@@ -19,8 +19,17 @@ class Gemm:
     n: int
     k: int
     count: int = 1
-    split: bool = True
-    """Whether tensor parallel splits it (the module is in the tensor-parallel plan): n ÷ tp (column) or k ÷ tp."""
+    split: str | None = None
+    """How tensor parallel splits it (the module's style in the plan): "column" (n ÷ tp), "row" (k ÷ tp), or None
+    (whole on every tp rank)."""
+
+    def fans(self, tp: int) -> tuple[int, int]:
+        """(fan_in, fan_out) on one tp rank."""
+        if self.split == "column":
+            return self.k, -(-self.n // tp)
+        if self.split == "row":
+            return -(-self.k // tp), self.n
+        return self.k, self.n
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class BlockProfile:
     weight_copies: int
     """Of which: low-precision copies of its weights under autocast (once per micro-batch, not per token)."""
     gemms: tuple[Gemm, ...] = ()
+    """Its linears, in the order they ran."""
 
 
 @dataclass(frozen=True)

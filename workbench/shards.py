@@ -20,7 +20,7 @@ from filelock import FileLock
 from workbench.config.tokenizer import tokenizer_info
 from workbench.corpus import Corpus
 from workbench.documents import documents
-from workbench.tokens import SEPARATOR, ByteEncoder, TokenizerEncoder, encoder_for  # noqa: F401 (SEPARATOR: re-exported)
+from workbench.tokens import SEPARATOR, ByteEncoder, TokenizerEncoder, encoder_for  # noqa: F401 (re-exported)
 
 SHARD_FORMAT = 1
 """Bumped when the shard's layout changes, so older caches are rebuilt rather than misread."""

@@ -211,7 +211,8 @@ class _Watch:
             if not isinstance(module, nn.Linear):
                 continue
             style = _style(self.plan, name)
-            region.gemms.append(Gemm(n=module.out_features, k=module.in_features, split=is_split(style)))
+            split = ("column" if is_column(style) else "row") if is_split(style) else None
+            region.gemms.append(Gemm(n=module.out_features, k=module.in_features, split=split))
             if is_column(style):
                 handles.append(module.register_forward_pre_hook(
                     lambda _m, args: self.gathered.add(self.hold(args[0]))))
@@ -265,7 +266,7 @@ def _profile(model, parts, plan, regions, first, last, f_counts, b_counts, seq_l
             replicated_flops=sum(f_counts.get(m, 0) + b_counts.get(m, 0) for m in moe),
             replicated_forward_flops=sum(f_counts.get(m, 0) for m in moe),
             saved_bytes=region.saved, gathered_bytes=region.gathered, weight_copies=region.copies,
-            gemms=_merged(region.gemms))
+            gemms=tuple(region.gemms))
         if kind not in kinds:
             kinds.append(kind)
         order.append(kinds.index(kind))
@@ -298,10 +299,3 @@ def _moe_modules(block: nn.Module) -> list[str]:
             if parent and parent not in out:
                 out.append(parent)
     return out
-
-
-def _merged(gemms: list[Gemm]) -> tuple[Gemm, ...]:
-    counts: dict[tuple[int, int, bool], int] = {}
-    for g in gemms:
-        counts[(g.n, g.k, g.split)] = counts.get((g.n, g.k, g.split), 0) + g.count
-    return tuple(Gemm(n=n, k=k, count=c, split=s) for (n, k, s), c in counts.items())
