@@ -147,6 +147,28 @@ def test_a_hugging_face_family_traces_to_its_numel_flops_and_measured_activation
         assert 0 < p.block(1).replicated_flops < p.block(1).forward_flops + p.block(1).backward_flops
 
 
+def test_a_model_built_on_the_meta_device_traces_as_one_built_on_fake_tensors():
+    """The ranks build a model on the meta device before laying it out; traced from there, it is the same. A tied
+    head holds no parameters of its own."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=320, tie_word_embeddings=True)
+
+    def on_meta():
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+
+    fake = trace(lambda: AutoModelForCausalLM.from_config(config), seq_len=64)
+    meta = trace(on_meta, seq_len=64)
+    assert dataclasses.replace(meta, trace_s=0) == dataclasses.replace(fake, trace_s=0)
+    assert meta.head_params == 0 and meta.params == meta.embedding_params + sum(
+        meta.block(i).params for i in range(3)) + meta.norm_params
+
+
+@pytest.mark.slow
 def test_a_qwen3_8b_plan_on_64_h100s_is_made_on_fake_tensors():
     """Qwen3-8B's published shape, never allocated: the plan ranks layouts by its traced figures; its parameter
     count is the model's own (q/k norms included), not the Llama-style formula's."""

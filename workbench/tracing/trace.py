@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -79,7 +79,8 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
           plan: dict[str, str] | None = None, vocab_size: int | None = None) -> ModelProfile:
     """The profile of the model `build()` returns, for one sequence of `seq_len` tokens.
 
-    build: makes the model (called under FakeTensorMode: its parameters are fake, nothing is allocated).
+    build: makes the model (called under FakeTensorMode: its parameters are fake, nothing is allocated; one it builds
+    on the meta device, as the ranks do, is made fake on the CPU).
     precision: "fp32"; "low", bf16 autocast over fp32 parameters (what bf16, fp16 and fp8's bf16 save); or
     "bf16_params", bf16 parameters and no autocast (FSDP2's mixed precision, Config.mixed_precision="fsdp").
     plan: the tensor-parallel plan of one block ({"attention.wq": "colwise", ...}, "*" for any name); None takes
@@ -94,7 +95,7 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
         if precision == "bf16_params":  # built in bf16: fake parameters cannot be swapped for a cast afterwards
             torch.set_default_dtype(torch.bfloat16)
         with mode:
-            model = build()
+            model = _on_fake_cpu(build(), mode)
     finally:
         torch.set_default_dtype(default)
     parts = Parts.of(model)
@@ -152,6 +153,26 @@ class _Casts(TorchDispatchMode):
             elif source in self.watch.gathered:
                 self.watch.gathered.add(self.watch.hold(out))
         return out
+
+
+def _on_fake_cpu(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """`model` with every tensor on the meta device (as the ranks build a model before laying it out) made a fake
+    CPU tensor: the same shapes, no storage, and the CPU's kernels chosen as the ranks here run them. A tied
+    parameter stays one parameter."""
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in fakes:
+            made = FakeTensor(mode, t.detach(), torch.device("cpu"))
+            fakes[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else made
+        return fakes[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None and t.device.type == "meta":
+                    table[name] = fake(t)
+    return model
 
 
 class _Watch:
