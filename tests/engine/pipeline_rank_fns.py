@@ -149,11 +149,27 @@ def loss_scale_grads(cfg: Config, scale: float) -> dict:
     return {"losses": (loss_a, loss_b), "max_rel_err": ratio}
 
 
+def waited_for_a_core_ns() -> int:
+    """How long this process's threads have, all told, been ready to run but kept off the cores by others (the
+    kernel's run-queue wait, /proc/<pid>/task/*/schedstat's second field); 0 where the kernel does not say."""
+    import glob
+
+    total = 0
+    for path in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            pass
+    return total
+
+
 def timed_steps(cfg: Config, steps: int) -> dict:
     """Forward + backward steps through the pipeline (no optimizer: only their timing is read), the first one
     untimed (it infers shapes and allocates). Per timed step: every action as (pp_rank, stage, micro-batch, kind,
-    start_ns, end_ns), and the CPU time this rank's thread spent in the step beside the wall time its actions took
-    (a rank that other processes kept off the cores shows a low ratio)."""
+    start_ns, end_ns), the CPU time this rank's thread spent in the step beside the wall time its actions took
+    (a rank that other processes kept off the cores shows a low ratio), and how long its threads waited for a core
+    during the step (what a busy machine adds, counted by the kernel)."""
     import time
 
     mesh = build_mesh(cfg, "cpu")
@@ -164,12 +180,12 @@ def timed_steps(cfg: Config, steps: int) -> dict:
     out = []
     for step in range(steps + 1):
         intervals.clear()
-        cpu = time.thread_time_ns()
+        cpu, waited = time.thread_time_ns(), waited_for_a_core_ns()
         runner.step(inputs, targets)
-        cpu = time.thread_time_ns() - cpu
+        cpu, waited = time.thread_time_ns() - cpu, waited_for_a_core_ns() - waited
         for m in runner.modules:
             m.zero_grad(set_to_none=True)
         if step:
             busy = sum(end - start for *_, start, end in intervals)
-            out.append({"intervals": list(intervals), "cpu_over_busy": cpu / busy})
+            out.append({"intervals": list(intervals), "cpu_over_busy": cpu / busy, "waited_ns": waited})
     return {"pp_rank": runner.pp_rank, "steps": out}

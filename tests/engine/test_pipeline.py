@@ -197,15 +197,19 @@ prints it); an NCCL hop on a cluster costs microseconds."""
 def idle_against_replay(cfg: Config, steps: list[list[dict]]) -> dict:
     """Per timed step (`workbench.telemetry.pipeline.pipeline_bubble`), in ms: the mean idle time per rank,
     measured; the schedule's order replayed with each action's own measured time and no communication; the same
-    order run at the step's mean time of each kind of action. Also the actions per rank and the lowest
-    thread-CPU / action-wall ratio of the ranks. The median over the timed steps."""
+    order run at the step's mean time of each kind of action. Also the actions per rank, the lowest
+    thread-CPU / action-wall ratio of the ranks, the time the ranks' threads waited for a core (all ranks, all
+    threads: an upper bound on what other processes took from the step) and the measured idle beyond the replay
+    less that wait. The median over the timed steps."""
     rows = []
     for ranks in zip(*steps):
         intervals = [ActionInterval(*iv) for rank in ranks for iv in rank["intervals"]]
         bubble = pipeline_bubble(cfg, intervals)
+        waited_ms = sum(r["waited_ns"] for r in ranks) / 1e6
         rows.append({"measured_ms": bubble.measured.idle_ns / 1e6, "replay_ms": bubble.replay_ns / 1e6,
                      "at_mean_times_ms": bubble.schedule_ns / 1e6, "actions": len(intervals) / cfg.pp,
-                     "cpu_over_busy": min(r["cpu_over_busy"] for r in ranks)})
+                     "cpu_over_busy": min(r["cpu_over_busy"] for r in ranks), "waited_ms": waited_ms,
+                     "unseen_beyond_wait_ms": (bubble.measured.idle_ns - bubble.replay_ns) / 1e6 - waited_ms})
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
@@ -228,20 +232,20 @@ def test_each_schedule_idles_as_its_order_replayed_says_and_zero_bubble_idles_le
       of what the order saves.
     - pp = 4: four ranks time-share two cores, so a rank's idle is the others' compute, and the per-action cost
       (1.7-4.2 ms measured) adds up to as much as the bubble.
-    A step where another process kept a rank off the cores (thread CPU under 75% of its actions' wall time)
-    measures the machine: skipped.
+    On a busy machine other processes keep the ranks off the cores between actions, which the actions' times do
+    not show: the kernel counts that wait (run-queue time of every thread of both ranks), and the bound on what
+    goes unseen grows by exactly it. So the test runs, and means the same, on a quiet machine (wait ~0) as on a
+    loaded one (it was skipped there before, thread CPU under 75% of the actions' wall time: CI might never run it).
     """
     results = {}
     for schedule in BUBBLE_SCHEDULES:
         cfg = bubble_config(schedule, 2)
         results[schedule] = idle_against_replay(cfg, [r["steps"] for r in pool.run(fns.timed_steps, cfg, 2)])
-    starved = {s: r["cpu_over_busy"] for s, r in results.items() if r["cpu_over_busy"] < 0.75}
-    if starved:
-        pytest.skip(f"other processes held the cores (thread CPU / action wall time {starved}): timing not the schedule's")
     report = "\n".join(f"{s}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for s, r in results.items())
+    print(report)
     for schedule, r in results.items():
-        unseen = r["measured_ms"] - r["replay_ms"]
-        assert -2.0 <= unseen <= OVERHEAD_MS_PER_ACTION * r["actions"], f"{schedule}\n{report}"
+        assert -2.0 <= r["measured_ms"] - r["replay_ms"], f"{schedule}\n{report}"
+        assert r["unseen_beyond_wait_ms"] <= OVERHEAD_MS_PER_ACTION * r["actions"], f"{schedule}\n{report}"
     assert results["zbv"]["at_mean_times_ms"] < results["1f1b"]["at_mean_times_ms"], report
 
 
