@@ -62,9 +62,9 @@ def test_train_returns_at_once_and_stop_ends_every_rank_at_the_same_step(bench):
     from workbench.engine import session
 
     bench.apply(BASE.replace(dp=2), fresh=True)
-    t = time.monotonic()
     run = bench.train(10_000)
-    assert time.monotonic() - t < 1.0 and not run.done
+    # At once: before the run ends (10,000 steps take minutes), however slow this machine is today.
+    assert not run.done
     while len(bench.history) < 3:
         time.sleep(0.05)
     with pytest.raises(RuntimeError, match="stop"):

@@ -40,10 +40,14 @@ def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
         assert node.returncode == 0, out
 
 
+HEARTBEAT_S = 60.0
+
+
 def test_a_remote_rank_that_dies_is_reported_at_once_not_at_the_heartbeat_timeout(tmp_path):
     # A remote rank has no process the notebook can poll: its closed connection is the news.
     key_file = tmp_path / "pool.key"
-    pool = wb.Pool(1, device="cpu", external=True, key_file=str(key_file), heartbeat_timeout_s=30)
+    # The heartbeat limit is long, so that a report before half of it can only be the closed connection's.
+    pool = wb.Pool(1, device="cpu", external=True, key_file=str(key_file), heartbeat_timeout_s=HEARTBEAT_S)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo",
                OMP_NUM_THREADS="1")
     rank = subprocess.Popen([os.sys.executable, "-m", "workbench.pool.worker", "--connect", pool.address,
@@ -54,11 +58,13 @@ def test_a_remote_rank_that_dies_is_reported_at_once_not_at_the_heartbeat_timeou
         rank.kill()
         killed_at = time.monotonic()
         with pytest.raises(wb.WorkerDied) as died:
-            handle.result(timeout=30)
+            handle.result(timeout=HEARTBEAT_S)
         elapsed = time.monotonic() - killed_at
         print(f"remote WorkerDied after {elapsed * 1e3:.0f} ms")
         assert died.value.rank == 0 and "connection" in str(died.value)
-        assert elapsed < 2.0
+        # What the mechanism guarantees, whatever the machine's load: the news came from the connection, long
+        # before any heartbeat could have told (measured here: 2-40 ms; on a loaded machine, more).
+        assert elapsed < HEARTBEAT_S / 2
     finally:
         pool.close()
         rank.kill()

@@ -106,10 +106,10 @@ def test_train_returns_at_once_and_stop_ends_the_run(bench):
     c.apply()
     c.wait(5)
     c.steps.value = 500  # 10 s at the fake's pace
-    start = time.monotonic()
     c.train_button.click()
-    assert time.monotonic() - start < 0.5
     assert bench.running is not None and "training · step " in c.status.value and "/500" in c.status.value
+    # At once: the click returned before the run ended (500 steps take 10 s at the fake's pace).
+    assert not bench.running.done
     c.refresh_status()
     assert c.train_button.disabled and c.apply_button.disabled and not c.stop_button.disabled
     time.sleep(0.1)
