@@ -298,21 +298,36 @@ def _walk_through(page, url: str, token: str) -> None:
 
     ARTIFACTS.mkdir(exist_ok=True)
     for width in WIDTHS:
-        page.set_viewport_size({"width": width, "height": 1000})
-        _wait(lambda: _figures_follow_their_columns(page), 30, f"the figures to follow their columns at {width} px")
+        _resize(page, width, 1000)
         _check_layout(page.evaluate(_BOXES_JS), width)
         # The picture: a window tall enough for the whole dashboard (JupyterLab draws only what is on screen).
         tall = int(board.evaluate("b => b.getBoundingClientRect().height")) + 400
-        page.set_viewport_size({"width": width, "height": tall})
-        _wait(lambda: _figures_follow_their_columns(page), 30, f"the figures to be drawn at {width} px, tall")
+        _resize(page, width, tall)
         board.screenshot(path=str(ARTIFACTS / f"dashboard-{width}.png"))
         _log(f"layout checked at {width} px: {ARTIFACTS / f'dashboard-{width}.png'}")
 
 
-def _figures_follow_their_columns(page) -> bool:
-    """Plotly redraws a figure at its column's width a moment after the window changes: until then, wait."""
-    figures = page.evaluate(_BOXES_JS)["figures"]
-    return bool(figures) and all(0.9 * f["cell"] <= f["width"] <= f["cell"] + 1 for f in figures)
+def _resize(page, width: int, height: int) -> None:
+    """Resize the window, then wait until the page has laid itself out again and every figure follows its column.
+
+    Right after the resize the page may still show the old layout, whose figures already follow their old columns:
+    so the layout must also stand still over two looks 0.5 s apart (under load the reflow came after a first look
+    had passed, and the layout check then saw a 420 px figure in a 490 px column).
+    """
+    page.set_viewport_size({"width": width, "height": height})
+    page.wait_for_function(f"window.innerWidth === {width} && window.innerHeight === {height}")
+    last: list = []
+
+    def settled() -> bool:
+        figures = page.evaluate(_BOXES_JS)["figures"]
+        follow = bool(figures) and all(0.9 * f["cell"] <= f["width"] <= f["cell"] + 1 for f in figures)
+        still = figures == (last[-1] if last else None)
+        last.append(figures)
+        if not still:
+            time.sleep(0.5)
+        return follow and still
+
+    _wait(settled, 60, f"the figures to follow their columns at {width}x{height} px")
 
 
 def _check_layout(found: dict, width: int) -> None:
