@@ -1,7 +1,7 @@
 """What a rank keeps between notebook cells: the trainer, and the commands the Workbench sends.
 
 Each command here (`capabilities`, `apply`, `train`, `save`, `load`,
-`next_step`, `snapshot`, `restore`) runs on every rank at once through `Pool.run`. The session lives
+`next_step`, `snapshot`, `restore`, `held`) runs on every rank at once through `Pool.run`. The session lives
 in the rank's state, so a model keeps training across cells and across layout
 changes until the pool restarts; `current()` is the one way to reach it.
 """
@@ -24,12 +24,13 @@ from workbench.emulation import rank as emulation
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh
+from workbench.engine.replicas import check_replicas
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
+from workbench.telemetry import resources
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.replicas import check_replicas
 
 
 @dataclass
@@ -182,6 +183,13 @@ def load(path: str, saved: dict[str, Any]) -> dict[str, Any]:
         info = checkpoint.load(session.trainer, Path(path), saved)
     session.next_step = saved["next_step"]
     return info
+
+
+def held() -> resources.Held:
+    """What this rank holds now (`workbench.telemetry.resources`): trainers alive, and parameters alive against
+    those of the session's model, which must be all of them when nothing leaked."""
+    session = current_or_none()
+    return resources.held(Trainer, session.trainer.modules if session is not None else ())
 
 
 def next_step() -> int:
