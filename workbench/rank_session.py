@@ -44,6 +44,10 @@ class RankSession:
     def capabilities(self) -> dict[str, Any]:
         return self.pool.run(_OnRanks("capabilities"))[0]
 
+    def observe_steps(self, observer: Any) -> None:
+        """Have every rank's session call `observer(metrics, cfg)` after each step (`engine.session.observe_steps`)."""
+        self.pool.run(_OnRanks("observe_steps"), observer)
+
     def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
         return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh)[0]
 

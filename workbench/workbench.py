@@ -136,10 +136,10 @@ class Workbench:
         # Where the ranks share when each issued each collective, under emulation (removed with this Workbench).
         self._arrivals = tempfile.mkdtemp(prefix="workbench-links-")
         weakref.finalize(self, shutil.rmtree, self._arrivals, True)
-        if self.cluster is not None:
-            self._emulate()
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
+        if self.cluster is not None:
+            self._emulate()
         self.config: Config | None = None
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
@@ -370,6 +370,7 @@ class Workbench:
 
     def _emulate(self) -> None:
         self.pool.run(emulation.install, self.cluster, self._arrivals)
+        self.session.observe_steps(emulation.after_step)  # the dilation measured, and each step marked with it
         if self.pool.run(emulation.status)[0]["arrivals"] != "shared":  # ranks on several hosts estimate them
             self.pool.run(emulation.calibrate)
 

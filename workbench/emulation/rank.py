@@ -23,6 +23,7 @@ from typing import Any
 
 from workbench.emulation.cluster import (DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines,
                                         target_compute_s)
+from workbench.pool import rank
 
 MEASURED_STEPS = 3
 """The dilation is the lowest over this many latest steps: one slow step (a collection, a page fault) does not
@@ -74,6 +75,7 @@ def install(cluster: Cluster, arrivals: str | None = None) -> str:
     dist.all_gather_object(hosts, socket.gethostname())
     _cluster = cluster.for_world(dist.get_world_size())
     _arrivals = arrivals if arrivals and len(set(hosts)) == 1 else None
+    rank.place_on_nodes([_cluster.topology.node_of(r) for r in range(dist.get_world_size())])
     _recent.clear()
     ext = _native()
     ext.emulation_clear()
@@ -125,6 +127,7 @@ def uninstall() -> None:
     """Back to this machine's own links."""
     global _cluster
     _cluster = None
+    rank.place_on_nodes(None)
     _recent.clear()
     ext = _native()
     ext.emulation_clear()
@@ -153,7 +156,8 @@ def after_step(metrics: Any, cfg: Any) -> Any:
     measured from it: its compute spans, less waits, against the target GPU's compute of the same step
     (`target_compute_s`), the lowest of the latest few of this layout, then agreed with the other ranks (the
     largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
-    dilation, or no cluster, leaves the dilation as it is."""
+    dilation, or no cluster, leaves the dilation as it is. The engine's session calls it as a step observer
+(`workbench.engine.session.observe_steps`, registered by the Workbench when it installs a cluster)."""
     global _layout
     if _cluster is None:
         return metrics
@@ -175,8 +179,6 @@ def _agree(mine: float | None) -> float | None:
     between steps, and every rank has as many steps measured, so all send a value or all send none)."""
     import torch
     import torch.distributed as dist
-
-    from workbench.pool import rank
 
     ext = _native()
     paced = ext.emulation_dilation()

@@ -1,6 +1,6 @@
 """What a rank keeps between notebook cells: the trainer, and the commands the Workbench sends.
 
-Each command here (`capabilities`, `apply`, `train`, `save`, `load`,
+Each command here (`capabilities`, `observe_steps`, `apply`, `train`, `save`, `load`,
 `next_step`, `snapshot`, `restore`, `held`) runs on every rank at once through `Pool.run`. The session lives
 in the rank's state, so a model keeps training across cells and across layout
 changes until the pool restarts; `current()` is the one way to reach it.
@@ -13,14 +13,13 @@ import gc
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from workbench.checkpoints import SaveSchedule
 from workbench.config import Config
-from workbench.emulation import rank as emulation
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh
@@ -41,6 +40,12 @@ class Session:
     corpus: str | Path | None = None
     """The corpus the trainer's data was mapped from: a new layout on the same corpus and batch reuses the mapping."""
 
+
+StepObserver = Callable[[StepMetrics, Config], StepMetrics]
+"""Sees each step's metrics (and the layout that trained it) on this rank before they are emitted; returns them,
+annotated or as they were. Every rank calls its observers after every step, so an observer may run a collective."""
+
+_observers: list[StepObserver] = []
 
 _KEY = "session"
 """Where the session lives in `workbench.pool.rank.state`; read only through the functions below."""
@@ -68,6 +73,14 @@ def drop() -> None:
 
 def _device_type() -> str:
     return rank.info.device.split(":")[0]
+
+
+def observe_steps(observer: StepObserver) -> None:
+    """Have `observer` see every step this rank trains from now on (once, however often it is registered). The
+    session calls it without knowing what it is: an emulated cluster's pacing is one
+    (`workbench.emulation.rank.after_step`, registered by the Workbench that installs the cluster)."""
+    if observer not in _observers:
+        _observers.append(observer)
 
 
 def capabilities() -> dict[str, Any]:
@@ -153,7 +166,8 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
         for _ in range(steps):
             # The request may reach ranks at different moments; the step's all-reduce makes them agree.
             metrics = session.trainer.step(session.next_step, Flags(stop=rank.flag("stop") == run_id))
-            metrics = emulation.after_step(metrics, session.trainer.cfg)  # an emulated cluster's dilation
+            for observe in _observers:
+                metrics = observe(metrics, session.trainer.cfg)
             session.next_step += 1
             rank.emit(metrics)
             done.append(metrics)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -82,6 +83,26 @@ def set_flag(name: str, value: Any) -> None:
     """Set a flag on this rank: by the pool's worker when the notebook calls `pool.set_flag`, or by
     `workbench.train` when a signal asks for a stop."""
     _flags[name] = value
+
+
+_nodes: tuple[int, ...] | None = None
+"""The node each global rank stands on, where something said so (`place_on_nodes`)."""
+
+
+def place_on_nodes(nodes: Sequence[int] | None) -> None:
+    """Say which node each global rank stands on (`nodes[r]`: global rank r's node) where the ranks stand for
+    machines other than those they run on (an emulated cluster places them so); None: where they run."""
+    global _nodes
+    _nodes = tuple(nodes) if nodes is not None else None
+
+
+def node_of(global_rank: int) -> int:
+    """The node `global_rank` stands on: as `place_on_nodes` said, else LOCAL_WORLD_SIZE ranks a node (torchrun's
+    placement), else every rank on one node."""
+    if _nodes is not None:
+        return _nodes[global_rank]
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    return global_rank // per_node if per_node else 0
 
 
 def add_diagnostic(name: str, provider: Callable[[], Any]) -> None:
