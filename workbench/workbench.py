@@ -26,7 +26,8 @@ from workbench.config import Config, ConfigError
 from workbench.corpus import check_corpus
 from workbench.emulation import Cluster, status_line
 from workbench.emulation import rank as emulation
-from workbench.emulation.cluster import emulation_for, target_compute_s
+from workbench.emulation.cluster import emulation_for
+from workbench.emulation.predict import stage_compute_s
 from workbench.machine import Machine, world_size_warning
 from workbench.pool import Handle, Pool
 from workbench.rank_session import RankSession
@@ -138,9 +139,9 @@ class Workbench:
         weakref.finalize(self, shutil.rmtree, self._arrivals, True)
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
+        self.config: Config | None = None
         if self.cluster is not None:
             self._emulate()
-        self.config: Config | None = None
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._run: Run | None = None
@@ -161,7 +162,7 @@ class Workbench:
                          cuda=caps["device"].startswith("cuda"))
         if self.cluster is not None and self.cluster.dilation is None:
             try:  # the measured dilation divides by the cluster GPU's estimated compute of this layout
-                target_compute_s(cfg, self.cluster, 0)
+                stage_compute_s(cfg, self.cluster)
             except ValueError as e:
                 raise ConfigError(f"cluster: the {self.cluster.gpu.name}'s compute of {cfg.layout}, which the "
                                   f"measured time dilation divides by, cannot be estimated: {e}. Fix: "
@@ -188,6 +189,7 @@ class Workbench:
         phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
         with self._doing(phase):
             info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
+        self._send_targets(cfg)
         resharded = bool(info["resharded"])
         self.store.start_run(cfg, self._next_step() if resharded else 0, continues=resharded, origin=origin, name=run,
                              predicted_memory=self._predicted_memory(cfg))
@@ -373,6 +375,14 @@ class Workbench:
         self.session.observe_steps(emulation.after_step)  # the dilation measured, and each step marked with it
         if self.pool.run(emulation.status)[0]["arrivals"] != "shared":  # ranks on several hosts estimate them
             self.pool.run(emulation.calibrate)
+        if self.config is not None:
+            self._send_targets(self.config)
+
+    def _send_targets(self, cfg: Config) -> None:
+        """Under a measured time dilation, tell the ranks what the cluster's GPU computes a step of each of `cfg`'s
+        pipeline stages in: the estimator runs here, once per layout, never on a rank."""
+        if self.cluster is not None and self.cluster.dilation is None:
+            self.pool.run(emulation.set_targets, cfg, stage_compute_s(cfg, self.cluster))
 
     # -- see ---------------------------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.emulation.cluster import (DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines,
-                                        target_compute_s)
+                                        stage_target_s)
 from workbench.pool import rank
 
 MEASURED_STEPS = 3
@@ -39,6 +39,8 @@ _real: RealLinks = dict(DEFAULT_REAL)
 _recent: deque = deque(maxlen=MEASURED_STEPS)
 """The latest steps' metrics, for the measured dilation, all of the layout `_layout`."""
 _layout: Any = None
+_targets: tuple[Any, tuple[float, ...]] | None = None
+"""(layout, the target GPU's compute per pipeline stage of it), as the notebook sent it (`set_targets`)."""
 
 
 def _native():
@@ -151,13 +153,28 @@ def dilation() -> float | None:
     return value if _cluster is not None and value > 0 else None
 
 
+def set_targets(cfg: Any, stages: tuple[float, ...]) -> None:
+    """The target GPU's compute of one step per pipeline stage of layout `cfg`
+    (`workbench.emulation.predict.stage_compute_s`), which a measured dilation divides by: computed once in the
+    notebook when the layout is applied, so no rank runs the estimator."""
+    global _targets
+    _targets = (cfg, tuple(stages))
+
+
+def _target_s(cfg: Any, rank: int) -> float:
+    if _targets is None or _targets[0] != cfg:
+        raise RuntimeError(f"emulation: no target compute for {cfg.layout}, which a measured time dilation divides "
+                           "by; the notebook sends it when it applies a layout (emulation.rank.set_targets)")
+    return stage_target_s(_targets[1], cfg, rank)
+
+
 def after_step(metrics: Any, cfg: Any) -> Any:
     """The step's metrics (`StepMetrics`) with the dilation its collectives were paced with; and the dilation
     measured from it: its compute spans, less waits, against the target GPU's compute of the same step
-    (`target_compute_s`), the lowest of the latest few of this layout, then agreed with the other ranks (the
+    (sent by `set_targets`), the lowest of the latest few of this layout, then agreed with the other ranks (the
     largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
     dilation, or no cluster, leaves the dilation as it is. The engine's session calls it as a step observer
-(`workbench.engine.session.observe_steps`, registered by the Workbench when it installs a cluster)."""
+    (`workbench.engine.session.observe_steps`, registered by the Workbench when it installs a cluster)."""
     global _layout
     if _cluster is None:
         return metrics
@@ -167,7 +184,7 @@ def after_step(metrics: Any, cfg: Any) -> Any:
             _recent.clear()
             _layout = cfg
         _recent.append(metrics)
-        target = target_compute_s(cfg, _cluster, metrics.rank)
+        target = _target_s(cfg, metrics.rank)
         agreed = _agree(dilation_from_steps(list(_recent), target, MEASURED_STEPS))
         if agreed is not None:
             _native().emulation_set_dilation(agreed)
