@@ -200,7 +200,7 @@ class Workbench:
         """Each rank's memory as the estimator predicts it for `cfg` on these ranks' device, for the memory plot;
         {} where no hardware profile describes the device, or the estimator cannot price the layout there."""
         from workbench.estimate import estimate
-        from workbench.estimate.compare import predicted_memory
+        from workbench.compare import predicted_memory
         from workbench.hardware import cpu_with_peak, profile_for
 
         profile = profile_for(self.capabilities["device"], self.capabilities.get("name", ""))

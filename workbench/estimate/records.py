@@ -110,7 +110,7 @@ class Collective:
     """Payload per step: each call's size as nccl-tests counts it, summed; the figure the telemetry records for
     the same calls (`Interval.bytes` defines it: all-gather's output, reduce-scatter's input)."""
     wire_bytes: int
-    """Bytes per step on this rank's busiest link: bytes times nccl-tests' bus factor (`analysis.bus_factor`:
+    """Bytes per step on this rank's busiest link: bytes times nccl-tests' bus factor (`links.bus_factor`:
     2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast and a send)."""
     time_s: float
     """wire_bytes at the link bandwidth: the time of a collective whose measured busbw is the link's."""
