@@ -1,10 +1,9 @@
 """The emulation on a rank: tells the recording backend what each process group costs on the emulated cluster,
 and keeps the time dilation measured.
 
-Every group the recording backend creates passes through `remember_group` (called by
-`workbench.telemetry.comm`), so the emulation knows each group's global ranks whenever it is switched on by
-`install(cluster)`, sent through `pool.run` (`wb.Workbench(cluster=...)` does). Off, nothing here runs per
-collective.
+The recording backend keeps every group it creates with its global ranks (`workbench.telemetry.comm.groups`), so
+the emulation prices each one whenever it is switched on by `install(cluster)`, sent through `pool.run`
+(`wb.Workbench(cluster=...)` does), and each new one as it is created. Off, nothing here runs per collective.
 
 Where every rank of the pool is on one host, each group's ranks share a small file (mapped memory) in which
 each stamps when it issued each collective, so the backend knows exactly when a collective's last peer arrived
@@ -29,8 +28,6 @@ MEASURED_STEPS = 3
 """The dilation is the lowest over this many latest steps: one slow step (a collection, a page fault) does not
 swing it."""
 
-_groups: dict[str, tuple[tuple[int, ...], int]] = {}
-"""uid -> (the group's global ranks, this rank's global rank)."""
 _cluster: Cluster | None = None
 _arrivals: str | None = None
 """The folder of the groups' shared arrival files; None when the ranks span hosts."""
@@ -49,17 +46,21 @@ def _native():
     return native.load()
 
 
-def remember_group(uid: str, global_ranks: list[int] | tuple[int, ...], group_rank: int) -> None:
-    """A process group was created (the recording backend's creator calls this with the group's global ranks
-    and this rank's place in it): remember it, and price it if a cluster is emulated."""
-    ranks = tuple(global_ranks)
-    _groups[uid] = (ranks, ranks[group_rank])
+def _groups() -> dict[str, tuple[tuple[int, ...], int]]:
+    """Every group of this process: uid -> (its global ranks, this rank's global rank)."""
+    from workbench.telemetry import comm
+
+    return comm.groups
+
+
+def _on_group(uid: str) -> None:
+    """A process group was created (the recording backend tells): price it if a cluster is emulated."""
     if _cluster is not None:
         _price(uid)
 
 
 def _price(uid: str) -> None:
-    ranks, me = _groups[uid]
+    ranks, me = _groups()[uid]
     lines = group_lines(ranks, me, _cluster.topology, _real)
     # One file per group, named by its uid, which every member knows alike.
     shared = os.path.join(_arrivals, "group-" + re.sub(r"[^A-Za-z0-9_.-]", "_", uid)) if _arrivals else ""
@@ -81,8 +82,11 @@ def install(cluster: Cluster, arrivals: str | None = None) -> str:
     _recent.clear()
     ext = _native()
     ext.emulation_clear()
-    for uid in _groups:
+    for uid in _groups():
         _price(uid)
+    from workbench.telemetry import comm
+
+    comm.observe_groups(_on_group)  # and each group created from now on
     ext.emulation_set_dilation(_cluster.dilation or 0.0)  # measured: unpaced until the first step is measured
     if _device_is_cuda():
         import ctypes
@@ -120,7 +124,7 @@ def calibrate() -> dict[str, tuple[float, float]]:
     slowest = {key: max(t[key] for t in gathered) for key in times}
     _real = fit_real(slowest, *CALIBRATION_SIZES, n=dist.get_world_size())
     if _cluster is not None:
-        for uid in _groups:
+        for uid in _groups():
             _price(uid)
     return dict(_real)
 
