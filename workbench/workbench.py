@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoints, kernel
-from workbench.config import Config, ConfigError
+from workbench.config import Config, ConfigError, keeps_weights
 from workbench.corpus import check_corpus
 from workbench.emulation import Cluster, status_line
 from workbench.emulation import rank as emulation
@@ -148,6 +148,7 @@ class Workbench:
         self._unsubscribe = self.pool.subscribe(self.store.on_event)
         # Asked now, while the ranks are idle: later a run may hold them, and checking a config must not wait on it.
         self._capabilities = self.session.capabilities()
+        kernel.made(self)
         if exclusive:
             kernel.claim(self)
 
@@ -448,10 +449,3 @@ class Workbench:
         state = ", closed" if self.closed else ""
         emulated = f", cluster={self.cluster.describe()}" if self.cluster is not None else ""
         return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated}{state})"
-
-
-def keeps_weights(current: Config | None, new: Config, fresh: bool) -> bool:
-    """Whether applying `new` on top of `current` reshards the trained model (else it builds a new one):
-    the rule the ranks' session applies (same shape and seed, routing settings aside, and not `fresh`)."""
-    return (current is not None and not fresh and current.model.same_weights(new.model)
-            and current.seed == new.seed)

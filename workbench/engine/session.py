@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.checkpoints import SaveSchedule
-from workbench.config import Config
+from workbench.config import Config, keeps_weights
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
 from workbench.engine.mesh import build_mesh
@@ -104,9 +104,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     the state moved (`reshard_direct.reshard_into`), None for a new model.
     """
     old = current_or_none()
-    # Routing settings (capacity, top_k, balancing weight) may change on a trained mixture of experts: same weights.
-    carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
-             and old.trainer.cfg.seed == cfg.seed)
+    carry = keeps_weights(old.trainer.cfg if old is not None else None, cfg, fresh)
     with rank.unchecked():
         mesh = build_mesh(cfg, _device_type())  # the process's mesh of this shape, built at its first use
         trainer = Trainer(cfg, mesh, rank.info.device, _data(cfg, corpus, old, carry), telemetry)
