@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext workbench`: the %%ranks cell magic (imported lazily: ranks never load IPython)."""
-    from workbench.ui.magics import load_ipython_extension as load
+    from workbench.magics import load_ipython_extension as load
 
     load(ipython)
 
