@@ -22,6 +22,7 @@ from workbench.checkpoints import SaveSchedule
 from workbench.config import Config, keeps_weights
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
+from workbench.engine.generators import rng_state, set_rng_state
 from workbench.engine.mesh import build_mesh
 from workbench.engine.replicas import check_replicas
 from workbench.engine.reshard import export_full_state, import_full_state
@@ -215,7 +216,7 @@ def snapshot() -> dict[str, Any]:
     session = current()
     with rank.unchecked():
         state = export_full_state(session.trainer)
-    return {"next_step": session.next_step, "rng": checkpoint.rng_state(session.trainer.device),
+    return {"next_step": session.next_step, "rng": rng_state(session.trainer.device),
             "state": state if rank.get_rank() == 0 else None}
 
 
@@ -225,6 +226,6 @@ def restore(snapshots: list[dict[str, Any]]) -> int:
     mine = snapshots[rank.get_rank()]
     with rank.unchecked():
         import_full_state(session.trainer, snapshots[0]["state"])
-    checkpoint.set_rng_state(mine["rng"], session.trainer.device)
+    set_rng_state(mine["rng"], session.trainer.device)
     session.next_step = mine["next_step"]
     return session.next_step
