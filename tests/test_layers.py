@@ -35,6 +35,8 @@ LAYER_OF = {
     # notebook side
     "workbench.workbench": "notebook side", "workbench.kernel": "notebook side", "workbench.recovery": "notebook side",
     "workbench.rank_session": "notebook side", "workbench.compare": "notebook side",
+    "workbench.training": "notebook side", "workbench.emulated": "notebook side",
+    "workbench.checkpointing": "notebook side",
     "workbench.export": "notebook side", "workbench.export_torchtitan": "notebook side",
     "workbench.doctor": "notebook side", "workbench.magics": "notebook side",
     "workbench.telemetry.store": "notebook side", "workbench.telemetry.runs": "notebook side",
@@ -152,8 +154,8 @@ def against_the_layers(found: list[Import]) -> list[str]:
         a, b = layer(imp.source), layer(imp.target)
         if (imp.source, imp.target) in OPENS_THE_SCREEN:
             continue
-        why = next((why for (src, dst), why in NOT_WITHIN.items() if _under(imp.source, src) and _under(imp.target, dst)),
-                   None)
+        why = next((why for (src, dst), why in NOT_WITHIN.items()
+                    if _under(imp.source, src) and _under(imp.target, dst)), None)
         if b not in MAY_IMPORT[a]:
             why = f"{a} may import only {', '.join(sorted(MAY_IMPORT[a]))}"
         if why:
