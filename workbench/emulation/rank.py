@@ -68,15 +68,16 @@ def _price(uid: str) -> None:
 
 
 def install(cluster: Cluster, arrivals: str | None = None) -> str:
-    """Emulate `cluster` on this rank from now on; returns the status line. Every rank runs it at once (through
-    `pool.run`), with the same `arrivals`: a folder every rank can write, for the groups' shared arrival
-    times (used only when every rank is on this host)."""
+    """Emulate `cluster` (shaped for the world: `Cluster.for_world`) on this rank from now on; returns the status
+    line. Every rank runs it at once (through `pool.run`), with the same `arrivals`: a folder every rank can
+    write, for the groups' shared arrival times (used only when every rank is on this host)."""
     import torch.distributed as dist
 
     global _cluster, _arrivals
     hosts: list = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    _cluster = cluster.for_world(dist.get_world_size())
+    # Shaped once, in the notebook (`workbench.emulated`); a bare one sent here directly is shaped for this world.
+    _cluster = cluster if cluster.topology is not None else cluster.for_world(dist.get_world_size())
     _arrivals = arrivals if arrivals and len(set(hosts)) == 1 else None
     rank.place_on_nodes([_cluster.topology.node_of(r) for r in range(dist.get_world_size())])
     _recent.clear()
