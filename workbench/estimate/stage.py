@@ -7,6 +7,7 @@ it. Every rank of a stage (across dp and tp) has the same shape.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.config import FP8, Config, checkpointed_blocks
@@ -119,6 +120,17 @@ class Stage:
         """One micro-batch's residual stream, sequence-sharded under tp: what a checkpointed block keeps, and what
         a pipeline stage receives and sends."""
         return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
+
+    def saved_by_stage(self, kept: Callable[[tuple[int, ...]], int], edges: Callable[[bool, bool], int],
+                       received: int) -> dict[int, int]:
+        """Bytes one micro-batch leaves saved in each pipeline stage this rank holds, by global stage index: what
+        `kept(its blocks)` says they keep, plus `edges(first, last)` around them on the first and last stage, less
+        the `received` input of a stage after the first (torch's receive buffer for that micro-batch, held between
+        steps whatever is in flight and counted under buffers)."""
+        per_chunk = len(self.layers) // self.chunks
+        return {stage: kept(self.layers[c * per_chunk:(c + 1) * per_chunk])
+                + edges(stage == 0, stage == self.last_stage) - (received if stage > 0 else 0)
+                for c, stage in enumerate(self.stages)}
 
 
 def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile | None = None) -> Stage:
