@@ -23,7 +23,7 @@ from workbench.emulated import Emulation
 from workbench.emulation import Cluster
 from workbench.machine import Machine, world_size_warning
 from workbench.pool import Pool
-from workbench.rank_session import RankSession, start_pool
+from workbench.rank_session import RankSession, prepare_ahead, start_pool  # noqa: F401 - prepare_ahead: wb.workbench's too
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.runs import LayoutChange, RunRecord
 from workbench.telemetry.store import TelemetryStore
