@@ -61,7 +61,7 @@ LATER_CELL = textwrap.dedent('''
     import json, time
     import workbench as wb
     from workbench.pool import zygote
-    from workbench.workbench import prepare_ahead
+    from workbench.rank_session import prepare_ahead
     t0 = time.monotonic()
     prepare_ahead()  # what `import workbench` does in a notebook kernel
     while not all(z.prepared for z in zygote._zygotes.values()):

@@ -1,7 +1,7 @@
 """Does anything pile up on the ranks across layout changes? Rank memory per apply, for `tiny` and `small`.
 
 Re-applies a cycle of layouts (tp, ZeRO-1, FSDP2, a pipeline, DDP; one training step per round) with
-telemetry on, and after each apply counts what every rank holds (`workbench.telemetry.resources.held`: RSS,
+telemetry on, and after each apply counts what every rank holds (`workbench.engine.session.held`: RSS,
 open fds, Trainers and parameters alive). Prints the growth per apply after the first round (every mesh built
 by then) beside the bound it must stay under: what one leaked model weighs (parameters, gradients and AdamW's
 two moments, 4x the parameters' bytes), the size of the leak this watched for (issue 17).
@@ -19,7 +19,7 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import workbench as wb  # noqa: E402
-from workbench.telemetry.resources import held  # noqa: E402
+from workbench.engine.session import held  # noqa: E402
 
 MIB = 2**20
 

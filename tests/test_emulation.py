@@ -12,7 +12,8 @@ from workbench.config import Config, ModelConfig
 from workbench.estimate import estimate
 from workbench.emulation import Cluster, status_line
 from workbench.emulation.cluster import (REAL_BUS_BANDWIDTH, dilation_from_steps, emulation_for, fit_real,
-                                         group_lines, measured_dilation, target_compute_s)
+                                         group_lines, measured_dilation)
+from workbench.emulation.predict import target_compute_s
 from workbench.telemetry.events import Interval, StepMetrics
 
 

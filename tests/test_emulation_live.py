@@ -14,7 +14,7 @@ from tests.telemetry import overlap_reference as reference
 from tests.emulation_rank_fns import KINDS, emulation_status, time_kinds
 from workbench import links
 from workbench.emulation import rank as emulation
-from workbench.emulation.cluster import target_compute_s
+from workbench.emulation.predict import target_compute_s
 
 # 2 emulated nodes of one H100 over 25 GbE: a 1 MiB all-reduce takes 0.4 ms there; ×300 it takes 0.12 s here,
 # ~50× what loopback takes for it.

@@ -1,4 +1,4 @@
-"""Predicted beside measured (`workbench.estimate.compare`) against real runs: 2 CPU ranks, tiny model, 2 steps."""
+"""Predicted beside measured (`workbench.compare`) against real runs: 2 CPU ranks, tiny model, 2 steps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 import workbench as wb
 from workbench.estimate import estimate
-from workbench.estimate.compare import Comparison, compare, predicted_memory
+from workbench.compare import Comparison, compare, predicted_memory
 
 
 def measured_steps(cfg: wb.Config, steps: int = 2) -> list[wb.StepMetrics]:

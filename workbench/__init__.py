@@ -15,7 +15,8 @@ from workbench.tracing.estimate import estimate, plan
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RankFrozen, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.runs import LayoutChange
-from workbench.workbench import Run, Workbench
+from workbench.training import Run
+from workbench.workbench import Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "RankFrozen", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext workbench`: the %%ranks cell magic (imported lazily: ranks never load IPython)."""
-    from workbench.ui.magics import load_ipython_extension as load
+    from workbench.magics import load_ipython_extension as load
 
     load(ipython)
 
@@ -33,7 +34,7 @@ def load_ipython_extension(ipython) -> None:
 def _prepare_ahead_in_a_kernel() -> None:
     # In a notebook, the Workbench of a later cell then forks ranks already prepared: about 0.1 s instead of ~6.
     from workbench.kernel import in_kernel
-    from workbench.workbench import prepare_ahead
+    from workbench.rank_session import prepare_ahead
 
     if in_kernel():
         try:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from workbench.config import Config
 from workbench.export_torchtitan import torchtitan_arguments, torchtitan_script, torchtitan_toml
-from workbench.launch import Device, Launch
+from workbench.launch import Device, Launch, node_preamble
 
 __all__ = ["Device", "Exported", "Launch", "accelerate_config", "config_json", "export", "run_script",
            "sbatch_script", "torchrun_command", "torchtitan_arguments", "torchtitan_script", "torchtitan_toml",
@@ -80,12 +80,7 @@ def run_script(cfg: Config, launch: Launch) -> str:
 # Run on every node, e.g. NODE_RANK=1 MASTER_ADDR=node0 ./run.sh ; extra arguments go to workbench.train
 # (--resume ckpt/ continues from the latest checkpoint, one a notebook's bench.save() wrote included).
 # The rendezvous store listens on MASTER_PORT of the first node: keep that port inside the cluster's network.
-set -euo pipefail
-cd "$(dirname "$0")"
-NODE_RANK=${{NODE_RANK:-0}}
-MASTER_ADDR=${{MASTER_ADDR:-127.0.0.1}}
-MASTER_PORT=${{MASTER_PORT:-{launch.port}}}
-exec {torchrun_command(launch, python="${PYTHON:-python}")} "$@"
+{node_preamble(launch)}exec {torchrun_command(launch, python="${PYTHON:-python}")} "$@"
 """
 
 

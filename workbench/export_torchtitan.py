@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from workbench.config import FP8, PRESETS, Config
 from workbench.config.tokenizer import tokenizer_path
-from workbench.launch import Launch
+from workbench.launch import Launch, node_preamble
 from workbench.schedules import config_stages
 
 
@@ -172,12 +172,7 @@ def torchtitan_script(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]
 # (--hf_assets_path) and dataset.
 # Not expressible in torchtitan's config (the workbench's value is in config.json):
 {notes}
-set -euo pipefail
-cd "$(dirname "$0")"
-NODE_RANK=${{NODE_RANK:-0}}
-MASTER_ADDR=${{MASTER_ADDR:-127.0.0.1}}
-MASTER_PORT=${{MASTER_PORT:-{launch.port}}}
-exec {lines}
+{node_preamble(launch)}exec {lines}
 """, missing
 
 

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from workbench.machine import machine_fact, threads_per_rank
+
 GB = 1e9
 TB = 1e12
 TFLOPS = 1e12
@@ -234,7 +236,7 @@ def measure_cpu(budget_s: float = 0.3, threads: int | None = None) -> Hardware:
 
     Each precision gets about `budget_s` seconds; the peak is the best rate over square matmuls of growing size.
     Measured once per process and thread count; on a pool's ranks once per pool: a restarted rank reuses it
-    (`pool.rank.machine_fact`).
+    (`machine.machine_fact`).
     """
     import torch
 
@@ -246,12 +248,10 @@ def measure_cpu(budget_s: float = 0.3, threads: int | None = None) -> Hardware:
 def _measured_cpu(budget_s: float, threads: int) -> Hardware:
     import torch
 
-    from workbench.pool import rank
-
     current = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        fields = rank.machine_fact(f"cpu-{threads}threads-{budget_s}s",
+        fields = machine_fact(f"cpu-{threads}threads-{budget_s}s",
                                    lambda: dataclasses.asdict(_measure_cpu(torch, budget_s)))
     finally:
         torch.set_num_threads(current)
@@ -259,13 +259,12 @@ def _measured_cpu(budget_s: float, threads: int) -> Hardware:
 
 
 def cpu_for(ranks: int) -> Hardware:
-    """This machine's CPU as each of `ranks` local ranks sees it: on a rank, at its own threads; elsewhere
-    (the notebook) at the threads a local rank of a pool that size gets (the cores shared among the ranks, as the
-    pool sets them), so that the notebook's estimate predicts its ranks, not itself."""
-    from workbench.pool import rank
-    from workbench.pool.launch import threads_per_rank
+    """This machine's CPU as each of `ranks` local ranks sees it: on a rank (a process of a distributed world), at
+    its own threads; elsewhere (the notebook) at the threads a local rank of a pool that size gets (the cores shared
+    among the ranks, as the pool sets them), so that the notebook's estimate predicts its ranks, not itself."""
+    import torch.distributed as dist
 
-    if rank.info is not None:
+    if dist.is_available() and dist.is_initialized():
         return measure_cpu()
     return measure_cpu(threads=threads_per_rank(ranks))
 

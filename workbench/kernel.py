@@ -1,4 +1,5 @@
-"""The notebook kernel a Workbench lives in: whether this code runs in one, and the kernel's one live Workbench.
+"""The notebook kernel a Workbench lives in: whether this code runs in one, the kernel's one live Workbench, and
+every Workbench made in it.
 
 A Workbench made in a kernel is exclusive unless told otherwise (`Workbench(exclusive=...)`): making a new one
 closes the previous one first, so that two pools never share the cores and an old dashboard never drives old
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from workbench.workbench import Workbench
 
 _live: "weakref.ref[Workbench] | None" = None
+_made: "weakref.WeakValueDictionary[int, Workbench]" = weakref.WeakValueDictionary()
 
 
 def in_kernel() -> bool:
@@ -28,6 +30,17 @@ def in_kernel() -> bool:
 def live() -> "Workbench | None":
     """The kernel's exclusive Workbench, if one is alive."""
     return _live() if _live is not None else None
+
+
+def made(bench: "Workbench") -> None:
+    """`bench` was made in this process (every Workbench says so as it starts)."""
+    _made[id(bench)] = bench
+
+
+def is_workbench(value: object) -> bool:
+    """Whether `value` is a Workbench made in this process (`%%ranks` looks for them among a notebook's
+    variables; asked here, the magic does not import the facade that opens the screen it is registered from)."""
+    return _made.get(id(value)) is value
 
 
 def claim(bench: "Workbench") -> None:

@@ -60,3 +60,14 @@ class Launch:
             raise ValueError(f"gpus_per_node: the layout needs {world} ranks (dp·cp·tp·pp), which {per_node} ranks per "
                              f"node do not divide; choose gpus_per_node dividing {world}")
         return cls(nnodes=world // per_node, nproc_per_node=per_node, device=device, **kwargs)
+
+
+def node_preamble(launch: Launch) -> str:
+    """How every script run once per node (run.sh, torchtitan.sh) begins: stop at the first failure, run from the
+    script's folder, and take this node's rank and the rendezvous (the first node's address and port) from the
+    environment, one local node when they are not set."""
+    return ('set -euo pipefail\n'
+            'cd "$(dirname "$0")"\n'
+            "NODE_RANK=${NODE_RANK:-0}\n"
+            "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}\n"
+            f"MASTER_PORT=${{MASTER_PORT:-{launch.port}}}\n")

@@ -64,13 +64,18 @@ _BUS_FACTORS = {
 
 
 def bus_factor(kind: str, n: int) -> float:
-    """busbw / algbw of `kind` among `n` ranks (nccl-tests): the fraction of the payload on each rank's link."""
+    """busbw / algbw of `kind` among `n` ranks (nccl-tests): the fraction of the payload on each rank's link. A
+    coalesced batch ("send+recv") takes its parts' factor when they agree."""
     if n < 1:
         raise ValueError(f"group size must be >= 1, got {n}")
-    try:
-        return _BUS_FACTORS[kind](n)
-    except KeyError:
-        raise ValueError(f"no bus bandwidth factor for {kind!r}; known: {sorted(_BUS_FACTORS)}") from None
+    factors = set()
+    for part in kind.split("+"):
+        if part not in _BUS_FACTORS:
+            raise ValueError(f"no bus bandwidth factor for {part!r}; known: {sorted(_BUS_FACTORS)}")
+        factors.add(_BUS_FACTORS[part](n))
+    if len(factors) != 1:
+        raise ValueError(f"the parts of {kind!r} have different bus factors")
+    return factors.pop()
 
 
 # --- links and topologies ---------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""How many local ranks this machine holds: a pure verdict from its cores and memory, and where to read them.
+"""How many local ranks this machine holds: a pure verdict from its cores and memory, and where to read them; the
+cores each local rank gets; and what is measured about the machine, kept once per pool (`machine_fact`).
 
 A rank is a whole Python process with torch, the engine and the telemetry
 extension loaded: `benches/rank_memory.py` measures it (about 0.3 GB idle and
@@ -10,8 +11,12 @@ refused unless the user says otherwise.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.config import ConfigError
 
@@ -61,3 +66,37 @@ def world_size_warning(world_size: int, machine: Machine, *, oversubscribe: bool
         problems.append(f"{estimate}, and {machine.available_bytes / 2**30:.1f} GB are available: the machine may "
                         "swap")
     return "; ".join(problems) + "." if problems else None
+
+
+def threads_per_rank(local_ranks: int) -> int:
+    """The intra-op threads each of `local_ranks` ranks on this machine gets unless told: the cores shared out."""
+    return max(1, (os.cpu_count() or 1) // local_ranks)
+
+
+MACHINE_FACTS = "WORKBENCH_MACHINE_FACTS"
+"""The environment variable naming the folder, private to a local pool, where its ranks keep `machine_fact`s."""
+
+
+def machine_fact(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """What `measure()` finds out about this machine (a JSON-able dict), measured once per pool.
+
+    The first ranks of a pool measure; ranks of its later sessions (a restart, the warm standby) read their
+    answer instead of measuring again, so a restart does not pay for it (a CPU's matmul peak takes about a
+    second) and every session of a pool divides by the same figure. Kept as JSON in the pool's private folder
+    (never unpickled); measured at each call where there is no such folder (the notebook, remote ranks).
+    """
+    folder = os.environ.get(MACHINE_FACTS)
+    if not folder:
+        return measure()
+    path = os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass  # not measured yet (or a half-written file of a rank that died: measure again)
+    value = measure()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)  # ranks measuring at once each write a whole file; the last one stays
+    return value

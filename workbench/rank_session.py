@@ -1,4 +1,5 @@
-"""The notebook's one narrow interface to the model on the ranks: `RankSession`, a method per command of
+"""The notebook's one narrow interface to the model on the ranks: the pool a Workbench starts (its ranks preload the
+engine's session, and record every collective when asked), and `RankSession`, a method per command of
 `workbench.engine.session`, sent by name so that the notebook never imports torch."""
 
 from __future__ import annotations
@@ -9,6 +10,32 @@ from typing import Any
 from workbench import checkpoints
 from workbench.config import Config
 from workbench.pool import Handle, Pool, RemoteError
+
+
+SESSION_MODULE = "workbench.engine.session"
+"""What a Workbench's ranks preload: the engine every command runs in."""
+RECORDING_BACKEND = "workbench.telemetry.comm:register"
+"""The torch.distributed backend a Workbench's ranks use with telemetry: gloo or NCCL, every collective recorded."""
+
+
+def prepare_ahead() -> bool:
+    """Start preparing a Workbench's local ranks now (its default pool: telemetry on), so that a Workbench made in a
+    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs). `import
+    workbench` does this in a notebook kernel; $WORKBENCH_ZYGOTE=0 turns it off."""
+    from workbench.pool.pool import prepare_ahead as prepare_pool
+
+    return prepare_pool(preload=(SESSION_MODULE,), backend_setup=RECORDING_BACKEND)
+
+
+def start_pool(world_size: int, *, recording: bool, **pool_kwargs: Any) -> Pool:
+    """The pool of a Workbench: `world_size` ranks with the engine's session loaded, every collective recorded when
+    `recording` (telemetry, or an emulated cluster's pacing); `pool_kwargs` go to `Pool`."""
+    setup = RECORDING_BACKEND if recording else None
+    if setup:  # the ranks' flight rings, read while they hang, become the hang report's summary line
+        from workbench.telemetry.flight import explain_diagnostics
+
+        pool_kwargs.setdefault("explain", explain_diagnostics)
+    return Pool(world_size, preload=(SESSION_MODULE,), backend_setup=setup, **pool_kwargs)
 
 
 class _OnRanks:
@@ -43,6 +70,10 @@ class RankSession:
 
     def capabilities(self) -> dict[str, Any]:
         return self.pool.run(_OnRanks("capabilities"))[0]
+
+    def observe_steps(self, observer: Any) -> None:
+        """Have every rank's session call `observer(metrics, cfg)` after each step (`engine.session.observe_steps`)."""
+        self.pool.run(_OnRanks("observe_steps"), observer)
 
     def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
         return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh)[0]

@@ -120,7 +120,7 @@ class RecoveringRun:
         replayed = sum(1 for m in history if m.step >= step)
         bench.pool.restart()
         if bench.cluster is not None:
-            bench._emulate()  # fresh ranks run on their own links until told
+            bench.emulation.install(bench.config)  # fresh ranks run on their own links until told
         bench.session.apply(bench.config, bench.corpus, bench.telemetry, True)
         bench.session.restore(snapshot)
         bench.store.truncate(step)

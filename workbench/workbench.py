@@ -10,81 +10,24 @@
 from __future__ import annotations
 
 import contextlib
-import logging
-import secrets
-import shutil
-import tempfile
-import time
 import warnings
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench import checkpoints, kernel
-from workbench.config import Config, ConfigError
+from workbench import checkpointing, checkpoints, kernel, training
+from workbench.compare import predicted_memory_on
+from workbench.config import Config, ConfigError, keeps_weights
 from workbench.corpus import check_corpus
-from workbench.emulation import Cluster, status_line
-from workbench.emulation import rank as emulation
-from workbench.emulation.cluster import emulation_for, target_compute_s
+from workbench.emulated import Emulation
+from workbench.emulation import Cluster
 from workbench.machine import Machine, world_size_warning
-from workbench.pool import Handle, Pool
-from workbench.rank_session import RankSession
+from workbench.pool import Pool
+from workbench.rank_session import RankSession, prepare_ahead, start_pool  # noqa: F401 - prepare_ahead: wb.workbench's too
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.runs import LayoutChange, RunRecord
 from workbench.telemetry.store import TelemetryStore
-
-log = logging.getLogger("workbench")
-
-SESSION_MODULE = "workbench.engine.session"
-"""What a Workbench's ranks preload: the engine every command runs in."""
-RECORDING_BACKEND = "workbench.telemetry.comm:register"
-"""The torch.distributed backend a Workbench's ranks use with telemetry: gloo or NCCL, every collective recorded."""
-
-
-def prepare_ahead() -> bool:
-    """Start preparing a Workbench's local ranks now (its default pool: telemetry on), so that a Workbench made in a
-    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs). `import
-    workbench` does this in a notebook kernel; $WORKBENCH_ZYGOTE=0 turns it off."""
-    from workbench.pool.pool import prepare_ahead as prepare_pool
-
-    return prepare_pool(preload=(SESSION_MODULE,), backend_setup=RECORDING_BACKEND)
-
-
-class Run:
-    """Training running in the background on the ranks; the notebook stays free."""
-
-    def __init__(self, bench: "Workbench", handle: Handle, run_id: str, steps: int, first_step: int = 0) -> None:
-        self._bench, self._handle, self.id, self.steps = bench, handle, run_id, steps
-        self.first_step = first_step
-        """The step it started at."""
-        self._started = time.monotonic()
-
-    def progress(self):
-        """How far it is: `Progress(done, total, eta_s)`, from the steps the ranks have reported so far."""
-        from workbench.telemetry.run_summary import progress
-
-        done = sum(1 for m in self._bench.history if m.step >= self.first_step)
-        return progress(done, self.steps, time.monotonic() - self._started, finished=self.done)
-
-    @property
-    def done(self) -> bool:
-        return self._handle.done()
-
-    def wait(self, timeout: float | None = None) -> list[StepMetrics]:
-        """Block until the run ends; rank 0's metrics, one per step (a rank's failure is raised here)."""
-        return self._handle.result(timeout)[0]
-
-    def stop(self, timeout: float | None = None) -> list[StepMetrics]:
-        """End the run at the next step boundary, every rank at the same step; returns what ran."""
-        if hasattr(self._handle, "stop"):  # a run that recovers by itself: no new chunk either
-            self._handle.stop()
-        self._bench.pool.set_flag("stop", self.id)
-        return self.wait(timeout)
-
-    def __repr__(self) -> str:
-        return f"Run(id={self.id}, steps={self.steps}, done={self.done})"
-
+from workbench.training import Run
 
 class Workbench:
     """A pool of ranks holding one model that notebook cells configure, train and inspect.
@@ -120,35 +63,29 @@ class Workbench:
         exclusive = pool is None and (kernel.in_kernel() if exclusive is None else exclusive)
         if exclusive:
             kernel.close_previous()  # before spawning: the old ranks must not share the cores with the new ones
-        self.cluster = emulation_for(cluster, pool.world_size if pool is not None else world_size, telemetry)
-        """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
+        cluster = Emulation.shaped(cluster, pool.world_size if pool is not None else world_size, telemetry)
         if pool is None:
             if not pool_kwargs.get("external") and (warning := world_size_warning(
                     world_size, Machine.this(), oversubscribe=oversubscribe)):
                 warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
-            setup = RECORDING_BACKEND if telemetry or self.cluster else None
-            if setup:  # the ranks' flight rings, read while they hang, become the hang report's summary line
-                from workbench.telemetry.flight import explain_diagnostics
-
-                pool_kwargs.setdefault("explain", explain_diagnostics)
-            pool = Pool(world_size, preload=(SESSION_MODULE,), backend_setup=setup, **pool_kwargs)
+            pool = start_pool(world_size, recording=telemetry or cluster is not None, **pool_kwargs)
         self.pool = pool
-        # Where the ranks share when each issued each collective, under emulation (removed with this Workbench).
-        self._arrivals = tempfile.mkdtemp(prefix="workbench-links-")
-        weakref.finalize(self, shutil.rmtree, self._arrivals, True)
-        if self.cluster is not None:
-            self._emulate()
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
         self.config: Config | None = None
         self._prepared: tuple[str | Path | None, str | None] | None = None
         """The corpus and tokenizer whose shard the notebook last made sure of (`_prepare_data`)."""
+        self.emulation = Emulation(pool, self.session, cluster, telemetry)
+        """The cluster the ranks stand for, and the commands that make them (`workbench.emulated`)."""
+        if cluster is not None:
+            self.emulation.install(None)
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._run: Run | None = None
         self._unsubscribe = self.pool.subscribe(self.store.on_event)
         # Asked now, while the ranks are idle: later a run may hold them, and checking a config must not wait on it.
         self._capabilities = self.session.capabilities()
+        kernel.made(self)
         if exclusive:
             kernel.claim(self)
 
@@ -161,13 +98,7 @@ class Workbench:
         caps = self.capabilities
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
                          cuda=caps["device"].startswith("cuda"))
-        if self.cluster is not None and self.cluster.dilation is None:
-            try:  # the measured dilation divides by the cluster GPU's estimated compute of this layout
-                target_compute_s(cfg, self.cluster, 0)
-            except ValueError as e:
-                raise ConfigError(f"cluster: the {self.cluster.gpu.name}'s compute of {cfg.layout}, which the "
-                                  f"measured time dilation divides by, cannot be estimated: {e}. Fix: "
-                                  "wb.Cluster(..., dilation=<a number>), or a layout that GPU runs") from None
+        Emulation.check(cfg, self.cluster)
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -191,9 +122,10 @@ class Workbench:
         phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
         with self._doing(phase):
             info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
+        self.emulation.applied(cfg)
         resharded = bool(info["resharded"])
-        self.store.start_run(cfg, self._next_step() if resharded else 0, continues=resharded, origin=origin, name=run,
-                             predicted_memory=self._predicted_memory(cfg))
+        self.store.start_run(cfg, training.next_step(self) if resharded else 0, continues=resharded, origin=origin,
+                             name=run, predicted_memory=predicted_memory_on(cfg, self.capabilities))
         self.config = cfg
         return info
 
@@ -216,24 +148,6 @@ class Workbench:
             raise ConfigError(f"corpus: {e}.") from None
         self._prepared = (self.corpus, cfg.tokenizer)
 
-    def _predicted_memory(self, cfg: Config) -> dict[int, dict[str, int]]:
-        """Each rank's memory as the estimator predicts it for `cfg` on these ranks' device, for the memory plot;
-        {} where no hardware profile describes the device, or the estimator cannot price the layout there."""
-        from workbench.tracing.estimate import estimate  # any model: traced where it is not the built-in one
-        from workbench.estimate.compare import predicted_memory
-        from workbench.hardware import cpu_with_peak, profile_for
-
-        profile = profile_for(self.capabilities["device"], self.capabilities.get("name", ""))
-        if profile is None:
-            return {}
-        # The CPU model's memory does not read the matmul peak; the ranks measure it with their first steps.
-        hardware = cpu_with_peak(cfg.precision, 1.0) if profile == "cpu" else profile
-        try:
-            return predicted_memory(estimate(cfg, hardware), cfg)
-        except Exception:  # noqa: BLE001 - the ranks already hold the layout: a missing prediction must not undo it
-            log.warning("no memory estimate for %s", cfg.layout, exc_info=True)
-            return {}
-
     @contextlib.contextmanager
     def _doing(self, phase: str) -> Iterator[None]:
         """Say `phase` in the status line while the block runs."""
@@ -242,14 +156,6 @@ class Workbench:
             yield
         finally:
             self.phase = None
-
-    def _next_step(self) -> int:
-        """The step the model on the ranks trains next, as the store saw it."""
-        current = self.store.snapshot().current
-        if current is None:
-            return 0
-        steps = current.steps(0)
-        return steps[-1].step + 1 if steps else current.first_step
 
     @property
     def runs(self) -> Any:
@@ -289,24 +195,13 @@ class Workbench:
         failure; `store.recoveries` records each one. It gives up after `max_failures` failures in a row
         without a completed chunk between them. See workbench/recovery.py.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ConfigError(f"steps: must be a positive integer, got {steps!r}. Fix: pass e.g. steps=100.")
-        if recover and (isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1):
-            raise ConfigError(f"snapshot_every: must be a positive integer, got {snapshot_every!r}. "
-                              "Fix: pass e.g. snapshot_every=10.")
+        training.check_steps(steps, recover, snapshot_every)
         if self.config is None:
             raise RuntimeError("no model yet: call bench.apply(wb.Config(...)) first")
         self._require_idle("start another run")
         saves = checkpoints.schedule(save_every, save_to, keep, async_save)
-        # Unique beyond this Workbench: a stop request is a flag on the ranks, which outlive it.
-        run_id = secrets.token_hex(8)
-        if recover:
-            from workbench.recovery import RecoveringRun
-
-            handle: Any = RecoveringRun(self, steps, run_id, saves, snapshot_every, max_failures)
-        else:
-            handle = self.session.train(steps, run_id, saves)
-        self._run = Run(self, handle, run_id, steps, self._next_step())
+        self._run = training.start(self, steps, saves, recover=recover, snapshot_every=snapshot_every,
+                                   max_failures=max_failures)
         return self._run
 
     @property
@@ -324,14 +219,7 @@ class Workbench:
 
         keep=K: delete all but the K latest complete checkpoints under `path` afterwards.
         """
-        checkpoints.check_options(keep=keep)
-        if self.config is None:
-            raise RuntimeError("nothing to save: call bench.apply(wb.Config(...)) first")
-        self._require_idle("save")
-        directory = checkpoints.writable_directory(path)
-        # The nonce names the save's temporary directory, the same on every rank.
-        with self._doing("saving"):
-            return Path(self.session.save(str(directory), keep, secrets.token_hex(4)))
+        return checkpointing.save(self, path, keep)
 
     def load(self, path: str | Path, *, run: str | None = None) -> dict[str, Any]:
         """Load the newest checkpoint under `path` (or the one `path` names) into the current layout, whatever
@@ -343,24 +231,7 @@ class Workbench:
         checkpoint on are a new run (named `run` if given), so training again from one checkpoint keeps both
         branches.
         """
-        self._require_idle("load a checkpoint")
-        checkpoint_dir = checkpoints.resolve(path)
-        manifest = checkpoints.verify(checkpoint_dir)
-        if self.config is None:
-            saved = checkpoints.config_from_json(manifest["config"])
-            if saved.world_size != self.pool.world_size:
-                raise checkpoints.CheckpointError(
-                    f"{checkpoint_dir} was saved by {manifest['layout']} ({saved.world_size} ranks); this Workbench "
-                    f"has {self.pool.world_size}: call bench.apply(cfg) with a layout for these ranks first, then load")
-            self.apply(saved)
-        with self._doing("loading"):
-            info = self.session.load(str(checkpoint_dir), checkpoints.resume_state(manifest))
-        resumed = manifest["next_step"]
-        # A checkpoint of this history (its step trained here) branches off it; any other starts a history.
-        ours = any(m.step == resumed - 1 for m in self.history)
-        self.store.start_run(self.config, resumed, continues=ours, origin=f"loaded {checkpoint_dir}", name=run,
-                             predicted_memory=self._predicted_memory(self.config))
-        return {"path": checkpoint_dir, "step": resumed, "saved_layout": manifest["layout"], **info}
+        return checkpointing.load(self, path, run)
 
     # -- the large run ---------------------------------------------------------------------------
     def export(self, directory: str | Path, *, config: Config | None = None, **launch: Any):
@@ -386,26 +257,20 @@ class Workbench:
         The model and its training state stay as they are: only what communication costs changes.
         """
         self._require_idle("change the emulated cluster")
-        self.cluster = emulation_for(cluster, self.pool.world_size, self.telemetry)
-        if self.cluster is None:
-            self.pool.run(emulation.uninstall)
-        else:
-            self._emulate()
+        self.emulation.change(cluster, self.config)
         return self.links
 
-    def _emulate(self) -> None:
-        self.pool.run(emulation.install, self.cluster, self._arrivals)
-        if self.pool.run(emulation.status)[0]["arrivals"] != "shared":  # ranks on several hosts estimate them
-            self.pool.run(emulation.calibrate)
+    @property
+    def cluster(self) -> Cluster | None:
+        """The emulated cluster, shaped for this pool's ranks; None when the links are this machine's own."""
+        return self.emulation.cluster
 
     # -- see ---------------------------------------------------------------------------------------
     @property
     def links(self) -> str:
         """One line: whether a cluster is emulated, which, and the time dilation the ranks paced the last step with."""
-        if self.cluster is None or self.config is None:
-            return status_line(self.cluster)
-        last = self.store.steps(0)[-1:]
-        return status_line(self.cluster, self.cluster.dilation or (last[0].dilation if last else None))
+        last = self.store.steps(0)[-1:] if self.config is not None else []
+        return self.emulation.line(last[0].dilation if last else None)
 
     def dashboard(self, refresh_s: float = 0.3):
         """Controls and live plots in one widget: change the layout, train, watch what it does."""
@@ -431,7 +296,7 @@ class Workbench:
             self.pool.restart()
         self._capabilities = self.session.capabilities()
         if self.cluster is not None:
-            self._emulate()  # fresh ranks run on their own links until told
+            self.emulation.install(None)  # fresh ranks run on their own links until told; the apply tells the rest
         if self.config is not None:
             self._apply(self.config, fresh=True, origin="ranks restarted")
 
@@ -447,9 +312,7 @@ class Workbench:
         self._unsubscribe()
         if self._owns_pool:
             self.pool.close()
-        elif self.cluster is not None and not self.pool.broken:
-            self.pool.run(emulation.uninstall)  # a shared pool goes back to its own links
-        shutil.rmtree(self._arrivals, ignore_errors=True)
+        self.emulation.close(pool_closed=self._owns_pool)
 
     def __enter__(self) -> "Workbench":
         return self
@@ -462,10 +325,3 @@ class Workbench:
         state = ", closed" if self.closed else ""
         emulated = f", cluster={self.cluster.describe()}" if self.cluster is not None else ""
         return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated}{state})"
-
-
-def keeps_weights(current: Config | None, new: Config, fresh: bool) -> bool:
-    """Whether applying `new` on top of `current` reshards the trained model (else it builds a new one):
-    the rule the ranks' session applies (same shape and seed, routing settings aside, and not `fresh`)."""
-    return (current is not None and not fresh and current.model.same_weights(new.model)
-            and current.seed == new.seed)

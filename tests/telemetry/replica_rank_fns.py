@@ -13,10 +13,11 @@ def perturb_one_replica(cfg: Config, perturbed_rank: int = 1, index: int = 3) ->
 
     from workbench.engine.data import TokenData
     from workbench.engine.mesh import build_mesh
+    from workbench.engine.replicas import check_replicas
     from workbench.engine.trainer import Trainer
     from workbench.pool import rank
     from workbench.telemetry.memory import local_tensor
-    from workbench.telemetry.replicas import ReplicaDivergence, check_replicas, parameter_digests
+    from workbench.telemetry.replicas import ReplicaDivergence, parameter_digests
 
     with rank.unchecked():
         trainer = Trainer(cfg, build_mesh(cfg, "cpu"), "cpu", TokenData.for_config(cfg))

@@ -82,7 +82,7 @@ def _sampled_steps(measured_at: int, last: int) -> list:
 
 def test_the_comparison_says_when_an_older_activation_figure_was_measured():
     from workbench.estimate import estimate
-    from workbench.estimate.compare import compare
+    from workbench.compare import compare
 
     est = estimate(Config(dp=2), "cpu")
     rows = {r.quantity: r for r in compare(est, _sampled_steps(measured_at=1, last=4))}

@@ -1,14 +1,14 @@
 """Thirty applies across layouts with telemetry on leave each rank holding one model, as after the first few.
 
 Issue 17: every apply used to keep the previous trainer alive (its model, optimizer, corpus mapping and an fd),
-through the step probe's gradient hooks. Counted on the ranks by `workbench.telemetry.resources.held`, which
+through the step probe's gradient hooks. Counted on the ranks by `workbench.engine.session.held`, which
 walks the garbage collector's objects, so a model kept alive by anything at all is seen.
 """
 
 from __future__ import annotations
 
 import workbench as wb
-from workbench.telemetry.resources import held
+from workbench.engine.session import held
 
 TINY = wb.Config(model=wb.ModelConfig.preset("tiny"), batch_size=4, seq_len=16)
 # Every kind of layout change: tensor parallel, ZeRO-1, FSDP2, a pipeline, and back to plain DDP, where the

@@ -8,7 +8,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import workbench as wb
 from tests.ui.fakes import fake_workbench
-from workbench.ui.magics import run_cell
+from workbench.magics import run_cell
 
 
 @pytest.fixture(scope="module")

@@ -88,12 +88,26 @@ def put(root: str | Path, data: bytes | memoryview) -> tuple[str, bool]:
     # Missing, or truncated by damage: written whole under a temporary name, then renamed over it.
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f"{_TEMP_PREFIX}{digest[:16]}-{secrets.token_hex(4)}"
-    with open(temp, "wb") as f:
+    write_synced(temp, data)
+    os.replace(temp, path)
+    return digest, True
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write `data` to `path` and wait until it is on the disk."""
+    with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(temp, path)
-    return digest, True
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the names in `directory` durable (a file renamed into it is on the disk only once this returns)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sync(root: str | Path, used: set[str]) -> None:
@@ -102,11 +116,7 @@ def sync(root: str | Path, used: set[str]) -> None:
     store = Path(root) / CHUNKS
     for directory in sorted({chunk_path(root, d).parent for d in used}) + [store, Path(root)]:
         if directory.exists():
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_directory(directory)
 
 
 # -- checking (the notebook, and rank 0 before a commit) ----------------------------------------------------------

@@ -37,13 +37,13 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any], keep: int | None = 
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     _write_synced(tmp / MANIFEST, data)
     _write_synced(tmp / COMMIT, hashlib.sha256(data).hexdigest().encode())
-    _fsync(tmp)
+    store.fsync_directory(tmp)
     aside = None
     if final.exists():  # the same step saved again: the new one replaces it
         aside = final.with_name(f".{final.name}.old-{secrets.token_hex(4)}")
         os.rename(final, aside)
     os.rename(tmp, final)
-    _fsync(final.parent)
+    store.fsync_directory(final.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
     prune(final.parent, keep)
@@ -62,16 +62,6 @@ def prune(root: Path, keep: int | None) -> None:
     store.collect(root)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_write_synced = store.write_synced
+"""The manifest's and the commit marker's writes (a name of this module's: fault drills replace it to crash
+between them)."""

@@ -43,11 +43,11 @@ from workbench.config.help_text import (
 )
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import ConfigError
-from workbench.config.run import Config
+from workbench.config.run import Config, keeps_weights
 
 __all__ = [
     "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
     "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
     "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
-    "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors",
+    "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors", "keeps_weights",
 ]

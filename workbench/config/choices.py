@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev"]
+from workbench.schedules.layout import Schedule  # noqa: F401 - the schedules name themselves
+
 Recompute = Literal["none", "selective", "full", "op"]
 MixedPrecision = Literal["autocast", "fsdp"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"]

@@ -217,7 +217,7 @@ def fp8_fits(cfg: Config) -> None:
 
 def replica_check_has_replicas(cfg: Config) -> None:
     """The replica check compares ranks that hold the same bytes: dp·cp ranks under zero 0/1, HSDP's replica groups
-    (`workbench.telemetry.replicas.replica_group`)."""
+    (`workbench.engine.replicas.replica_group`)."""
     if not cfg.replica_check_every:
         return
     if cfg.zero >= 2 and cfg.dp_replicate == 1:

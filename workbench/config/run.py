@@ -228,3 +228,11 @@ class Config:
     def load(cls, path: str | Path) -> Config:
         """The Config in the JSON file `path` (as `save` or `bench.export` write it)."""
         return serialize.load(cls, path)
+
+
+def keeps_weights(current: Config | None, new: Config, fresh: bool = False) -> bool:
+    """Whether applying `new` on top of `current` reshards the trained model (else a new one is built from the
+    seed): the same model shape and seed (a mixture of experts' routing settings are not its shape), and not
+    `fresh`. The ranks' session and the notebook's controls both decide by it."""
+    return (current is not None and not fresh and current.model.same_weights(new.model)
+            and current.seed == new.seed)

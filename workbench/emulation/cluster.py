@@ -9,15 +9,15 @@ stretched by the same factor, so that it keeps the target's ratio to computation
     d = a rank's measured compute time of a step / the target GPU's compute time of the same step
 
 the largest over the ranks, measured on every step by default (the session's first two steps run unpaced, to
-measure it), or fixed. The target's compute time is the estimator's (`target_compute_s`): its kernel model of
-the GPU, the same figure its prediction for the cluster uses, so an emulated step and a predicted one rest on one
-model of compute. Every collective then completes no earlier than d × its time on the target
+measure it), or fixed. The target's compute time is the estimator's (`workbench.emulation.predict.target_compute_s`):
+its kernel model of the GPU, the same figure its prediction for the cluster uses, so an emulated step and a
+predicted one rest on one model of compute. The notebook computes it per pipeline stage when a layout is applied
+and sends the figures to the ranks (`workbench.emulation.rank.set_targets`). Every collective then completes no earlier than d × its time on the target
 (`links.collective_time`); each step records the dilation it was paced with (`StepMetrics.dilation`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -222,20 +222,9 @@ WARMUP_STEPS = 2
 optimizer step), which would inflate it."""
 
 
-def target_compute_s(cfg: "Config", cluster: Cluster, rank: int) -> float:
-    """Seconds the cluster's GPU computes one step of global `rank` in `cfg`: the estimator's compute of the
-    rank's pipeline stage (bubble excluded, as the rank's own compute spans exclude it), by its kernel model or at
-    `cluster.efficiency` of the peak when that is stated."""
-    stages = _stage_compute(cfg, cluster._base().gpu, cluster.efficiency)
+def stage_target_s(stages: tuple[float, ...], cfg: "Config", rank: int) -> float:
+    """Of the target's compute per pipeline stage (`workbench.emulation.predict.stage_compute_s`), global `rank`'s."""
     return stages[cfg.degrees.mesh_layout().coordinate(rank)["pp"]]
-
-
-@functools.lru_cache(maxsize=32)
-def _stage_compute(cfg: "Config", gpu: str, efficiency: float | None) -> tuple[float, ...]:
-    # Once per layout on a rank (after every step it is asked again), so cached; the estimator is pure Python.
-    from workbench.estimate import estimate
-
-    return tuple(stage.compute_s for stage in estimate(cfg, gpu, efficiency=efficiency).stages)
 
 
 def dilation_from_steps(steps, target_s: float, last: int = 3) -> float | None:

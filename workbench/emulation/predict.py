@@ -24,16 +24,38 @@ it, and on a small step its latency is a large share.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from workbench import hardware, links
 from workbench.config import Config
-from workbench.emulation.cluster import step_compute_s
+from workbench.emulation.cluster import Cluster, stage_target_s, step_compute_s
 from workbench.estimate.records import Estimate, Role, StageEstimate
 from workbench.schedules import Durations, Timeline, config_stages, placement, rank_orders, simulate, stage_rank
 
 VOTE_BYTES = 4 * 6
 """The trainer's per-step all-reduce: loss, weight, found_inf, stop, skip, oom as fp32 (MoE adds its counts)."""
+
+
+def stage_compute_s(cfg: Config, cluster: Cluster) -> tuple[float, ...]:
+    """Seconds the cluster's GPU computes one step of each pipeline stage of `cfg`: the estimator's compute of the
+    stage (bubble excluded, as a rank's own compute spans exclude it), by its kernel model or at
+    `cluster.efficiency` of the peak when that is stated. What a measured time dilation divides by: the notebook
+    sends it to the ranks when a layout is applied (`workbench.emulation.rank.set_targets`)."""
+    return _stage_compute(cfg, cluster._base().gpu, cluster.efficiency)
+
+
+@functools.lru_cache(maxsize=32)
+def _stage_compute(cfg: Config, gpu: str, efficiency: float | None) -> tuple[float, ...]:
+    # Asked when the layout is checked and again when it is applied: cached; the estimator is pure Python.
+    from workbench.estimate import estimate
+
+    return tuple(stage.compute_s for stage in estimate(cfg, gpu, efficiency=efficiency).stages)
+
+
+def target_compute_s(cfg: Config, cluster: Cluster, rank: int) -> float:
+    """Seconds the cluster's GPU computes one step of global `rank` in `cfg` (its pipeline stage's)."""
+    return stage_target_s(stage_compute_s(cfg, cluster), cfg, rank)
 
 
 @dataclass(frozen=True)

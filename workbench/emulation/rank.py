@@ -1,10 +1,9 @@
 """The emulation on a rank: tells the recording backend what each process group costs on the emulated cluster,
 and keeps the time dilation measured.
 
-Every group the recording backend creates passes through `remember_group` (called by
-`workbench.telemetry.comm`), so the emulation knows each group's global ranks whenever it is switched on by
-`install(cluster)`, sent through `pool.run` (`wb.Workbench(cluster=...)` does). Off, nothing here runs per
-collective.
+The recording backend keeps every group it creates with its global ranks (`workbench.telemetry.comm.groups`), so
+the emulation prices each one whenever it is switched on by `install(cluster)`, sent through `pool.run`
+(`wb.Workbench(cluster=...)` does), and each new one as it is created. Off, nothing here runs per collective.
 
 Where every rank of the pool is on one host, each group's ranks share a small file (mapped memory) in which
 each stamps when it issued each collective, so the backend knows exactly when a collective's last peer arrived
@@ -22,14 +21,13 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.emulation.cluster import (DEFAULT_REAL, Cluster, RealLinks, dilation_from_steps, fit_real, group_lines,
-                                        target_compute_s)
+                                        stage_target_s)
+from workbench.pool import rank
 
 MEASURED_STEPS = 3
 """The dilation is the lowest over this many latest steps: one slow step (a collection, a page fault) does not
 swing it."""
 
-_groups: dict[str, tuple[tuple[int, ...], int]] = {}
-"""uid -> (the group's global ranks, this rank's global rank)."""
 _cluster: Cluster | None = None
 _arrivals: str | None = None
 """The folder of the groups' shared arrival files; None when the ranks span hosts."""
@@ -38,6 +36,8 @@ _real: RealLinks = dict(DEFAULT_REAL)
 _recent: deque = deque(maxlen=MEASURED_STEPS)
 """The latest steps' metrics, for the measured dilation, all of the layout `_layout`."""
 _layout: Any = None
+_targets: tuple[Any, tuple[float, ...]] | None = None
+"""(layout, the target GPU's compute per pipeline stage of it), as the notebook sent it (`set_targets`)."""
 
 
 def _native():
@@ -46,17 +46,21 @@ def _native():
     return native.load()
 
 
-def remember_group(uid: str, global_ranks: list[int] | tuple[int, ...], group_rank: int) -> None:
-    """A process group was created (the recording backend's creator calls this with the group's global ranks
-    and this rank's place in it): remember it, and price it if a cluster is emulated."""
-    ranks = tuple(global_ranks)
-    _groups[uid] = (ranks, ranks[group_rank])
+def _groups() -> dict[str, tuple[tuple[int, ...], int]]:
+    """Every group of this process: uid -> (its global ranks, this rank's global rank)."""
+    from workbench.telemetry import comm
+
+    return comm.groups
+
+
+def _on_group(uid: str) -> None:
+    """A process group was created (the recording backend tells): price it if a cluster is emulated."""
     if _cluster is not None:
         _price(uid)
 
 
 def _price(uid: str) -> None:
-    ranks, me = _groups[uid]
+    ranks, me = _groups()[uid]
     lines = group_lines(ranks, me, _cluster.topology, _real)
     # One file per group, named by its uid, which every member knows alike.
     shared = os.path.join(_arrivals, "group-" + re.sub(r"[^A-Za-z0-9_.-]", "_", uid)) if _arrivals else ""
@@ -64,21 +68,26 @@ def _price(uid: str) -> None:
 
 
 def install(cluster: Cluster, arrivals: str | None = None) -> str:
-    """Emulate `cluster` on this rank from now on; returns the status line. Every rank runs it at once (through
-    `pool.run`), with the same `arrivals`: a folder every rank can write, for the groups' shared arrival
-    times (used only when every rank is on this host)."""
+    """Emulate `cluster` (shaped for the world: `Cluster.for_world`) on this rank from now on; returns the status
+    line. Every rank runs it at once (through `pool.run`), with the same `arrivals`: a folder every rank can
+    write, for the groups' shared arrival times (used only when every rank is on this host)."""
     import torch.distributed as dist
 
     global _cluster, _arrivals
     hosts: list = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    _cluster = cluster.for_world(dist.get_world_size())
+    # Shaped once, in the notebook (`workbench.emulated`); a bare one sent here directly is shaped for this world.
+    _cluster = cluster if cluster.topology is not None else cluster.for_world(dist.get_world_size())
     _arrivals = arrivals if arrivals and len(set(hosts)) == 1 else None
+    rank.place_on_nodes([_cluster.topology.node_of(r) for r in range(dist.get_world_size())])
     _recent.clear()
     ext = _native()
     ext.emulation_clear()
-    for uid in _groups:
+    for uid in _groups():
         _price(uid)
+    from workbench.telemetry import comm
+
+    comm.observe_groups(_on_group)  # and each group created from now on
     ext.emulation_set_dilation(_cluster.dilation or 0.0)  # measured: unpaced until the first step is measured
     if _device_is_cuda():
         import ctypes
@@ -116,7 +125,7 @@ def calibrate() -> dict[str, tuple[float, float]]:
     slowest = {key: max(t[key] for t in gathered) for key in times}
     _real = fit_real(slowest, *CALIBRATION_SIZES, n=dist.get_world_size())
     if _cluster is not None:
-        for uid in _groups:
+        for uid in _groups():
             _price(uid)
     return dict(_real)
 
@@ -125,6 +134,7 @@ def uninstall() -> None:
     """Back to this machine's own links."""
     global _cluster
     _cluster = None
+    rank.place_on_nodes(None)
     _recent.clear()
     ext = _native()
     ext.emulation_clear()
@@ -148,12 +158,28 @@ def dilation() -> float | None:
     return value if _cluster is not None and value > 0 else None
 
 
+def set_targets(cfg: Any, stages: tuple[float, ...]) -> None:
+    """The target GPU's compute of one step per pipeline stage of layout `cfg`
+    (`workbench.emulation.predict.stage_compute_s`), which a measured dilation divides by: computed once in the
+    notebook when the layout is applied, so no rank runs the estimator."""
+    global _targets
+    _targets = (cfg, tuple(stages))
+
+
+def _target_s(cfg: Any, rank: int) -> float:
+    if _targets is None or _targets[0] != cfg:
+        raise RuntimeError(f"emulation: no target compute for {cfg.layout}, which a measured time dilation divides "
+                           "by; the notebook sends it when it applies a layout (emulation.rank.set_targets)")
+    return stage_target_s(_targets[1], cfg, rank)
+
+
 def after_step(metrics: Any, cfg: Any) -> Any:
     """The step's metrics (`StepMetrics`) with the dilation its collectives were paced with; and the dilation
     measured from it: its compute spans, less waits, against the target GPU's compute of the same step
-    (`target_compute_s`), the lowest of the latest few of this layout, then agreed with the other ranks (the
+    (sent by `set_targets`), the lowest of the latest few of this layout, then agreed with the other ranks (the
     largest), so every rank paces for the same cluster time. Every rank calls it after every step. A fixed
-    dilation, or no cluster, leaves the dilation as it is."""
+    dilation, or no cluster, leaves the dilation as it is. The engine's session calls it as a step observer
+    (`workbench.engine.session.observe_steps`, registered by the Workbench when it installs a cluster)."""
     global _layout
     if _cluster is None:
         return metrics
@@ -163,7 +189,7 @@ def after_step(metrics: Any, cfg: Any) -> Any:
             _recent.clear()
             _layout = cfg
         _recent.append(metrics)
-        target = target_compute_s(cfg, _cluster, metrics.rank)
+        target = _target_s(cfg, metrics.rank)
         agreed = _agree(dilation_from_steps(list(_recent), target, MEASURED_STEPS))
         if agreed is not None:
             _native().emulation_set_dilation(agreed)
@@ -175,8 +201,6 @@ def _agree(mine: float | None) -> float | None:
     between steps, and every rank has as many steps measured, so all send a value or all send none)."""
     import torch
     import torch.distributed as dist
-
-    from workbench.pool import rank
 
     ext = _native()
     paced = ext.emulation_dilation()

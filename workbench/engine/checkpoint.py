@@ -45,14 +45,12 @@ non-tensor value with `weights_only=True`, though our checkpoints hold none.
 from __future__ import annotations
 
 import pickle
-import random
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -73,6 +71,7 @@ from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
 from workbench.engine.checkpoint_storage import ChunkReader, ChunkWriter
 from workbench.engine.expert_state import as_global, as_held, expert_names, global_target
+from workbench.engine.generators import rng_state, set_rng_state
 from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.expert import is_expert_slice, param_of_key
 from workbench.engine.reshard import flat_optimizer_state, param_names
@@ -368,31 +367,6 @@ def _causes(e: CheckpointException) -> str:
 
 def _empty(md: TensorStorageMetadata) -> torch.Tensor:
     return torch.empty(tuple(md.size), dtype=md.properties.dtype)
-
-
-# -- random generators ----------------------------------------------------------------------------------
-def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    """torch's (CPU and this rank's CUDA device), Python's and NumPy's global generators, as tensors."""
-    version, words, gauss = random.getstate()
-    _, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": torch.tensor([version, *words], dtype=torch.int64),
-        "numpy": torch.tensor([*keys.tolist(), pos, has_gauss], dtype=torch.int64),
-        "gauss": torch.tensor([float("nan") if gauss is None else gauss, cached], dtype=torch.float64),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    python, numpy, (gauss, cached) = state["python"].tolist(), state["numpy"].tolist(), state["gauss"].tolist()
-    random.setstate((python[0], tuple(python[1:]), None if gauss != gauss else gauss))
-    np.random.set_state(("MT19937", np.array(numpy[:-2], dtype=np.uint32), numpy[-2], numpy[-1], cached))
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 # -- reading non-tensor values without running code from the file -----------------------------------------

@@ -31,6 +31,7 @@ Both paths give bit for bit the same state (tests/engine/test_reshard_direct.py)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -331,28 +332,34 @@ def _run_moves(moves: list[Move], local: _Local, me: int, device: torch.device) 
                 recvs[move.src].append(move)
         if not crossing:
             return
-        out_bytes = [sum(_padded(m.numel * t.element_size()) for m in ms for t in local.old[m.key]) for ms in sends]
-        in_bytes = [sum(_padded(m.numel * t.element_size()) for m in ms for t in local.new[m.key]) for ms in recvs]
+        out_bytes = _bytes_per_peer(sends, local.old)
+        in_bytes = _bytes_per_peer(recvs, local.new)
         send = torch.empty(sum(out_bytes), dtype=torch.uint8, device=device)
-        offset = 0
-        for ms in sends:
-            for move in ms:
-                for tensor in local.old[move.key]:
-                    n = move.numel * tensor.element_size()
-                    piece = _box(tensor, move.src_box)
-                    send[offset:offset + n].view(tensor.dtype).view(piece.shape).copy_(piece)
-                    offset += _padded(n)
+        for tensor, piece, at in _laid_out(sends, local.old, "src_box"):
+            send[at].view(tensor.dtype).view(piece.shape).copy_(piece)
         recv = torch.empty(sum(in_bytes), dtype=torch.uint8, device=device)
         dist.all_to_all_single(recv, send, in_bytes, out_bytes)
-        offset = 0
-        for ms in recvs:
-            for move in ms:
-                for tensor in local.new[move.key]:
-                    n = move.numel * tensor.element_size()
-                    piece = _box(tensor, move.dst_box)
-                    piece.copy_(recv[offset:offset + n].view(tensor.dtype).view(piece.shape))
-                    offset += _padded(n)
+        for tensor, piece, at in _laid_out(recvs, local.new, "dst_box"):
+            piece.copy_(recv[at].view(tensor.dtype).view(piece.shape))
 
+
+def _bytes_per_peer(by_peer: list[list[Move]], tensors: dict) -> list[int]:
+    """Bytes of the exchange buffer each peer's moves take, each piece padded as `_laid_out` places it."""
+    return [sum(_padded(m.numel * t.element_size()) for m in ms for t in tensors[m.key]) for ms in by_peer]
+
+
+def _laid_out(by_peer: list[list[Move]], tensors: dict,
+              box: str) -> Iterator[tuple[torch.Tensor, torch.Tensor, slice]]:
+    """Each piece the moves carry, in the exchange buffer's order (by peer, then move, then tensor): the tensor,
+    its `box` ("src_box" sending, "dst_box" receiving) of it, and where its bytes stand in the buffer. Sender and
+    receiver walk the same order, so a piece is read where it was written."""
+    offset = 0
+    for ms in by_peer:
+        for move in ms:
+            for tensor in tensors[move.key]:
+                n = move.numel * tensor.element_size()
+                yield tensor, _box(tensor, getattr(move, box)), slice(offset, offset + n)
+                offset += _padded(n)
 
 def _install_state(local: _Local, entries: dict, everyone: list[_Description]) -> None:
     """The moved state into the new optimizers, in the source's key order; entries that do not move copied from

@@ -1,7 +1,7 @@
 """What a rank keeps between notebook cells: the trainer, and the commands the Workbench sends.
 
-Each command here (`capabilities`, `apply`, `train`, `save`, `load`,
-`next_step`, `snapshot`, `restore`) runs on every rank at once through `Pool.run`. The session lives
+Each command here (`capabilities`, `observe_steps`, `apply`, `train`, `save`, `load`,
+`next_step`, `snapshot`, `restore`, `held`) runs on every rank at once through `Pool.run`. The session lives
 in the rank's state, so a model keeps training across cells and across layout
 changes until the pool restarts; `current()` is the one way to reach it.
 """
@@ -13,23 +13,24 @@ import gc
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from workbench.checkpoints import SaveSchedule
-from workbench.config import Config
-from workbench.emulation import rank as emulation
+from workbench.config import Config, keeps_weights
 from workbench.engine import checkpoint
 from workbench.engine.data import TokenData
+from workbench.engine.generators import rng_state, set_rng_state
 from workbench.engine.mesh import build_mesh
+from workbench.engine.replicas import check_replicas
 from workbench.engine.reshard import export_full_state, import_full_state
 from workbench.engine.reshard_direct import reshard_into
 from workbench.engine.trainer import Flags, Trainer
 from workbench.pool import rank
+from workbench.telemetry import resources
 from workbench.telemetry.events import StepMetrics
-from workbench.telemetry.replicas import check_replicas
 
 
 @dataclass
@@ -40,6 +41,12 @@ class Session:
     corpus: str | Path | None = None
     """The corpus the trainer's data was mapped from: a new layout on the same corpus and batch reuses the mapping."""
 
+
+StepObserver = Callable[[StepMetrics, Config], StepMetrics]
+"""Sees each step's metrics (and the layout that trained it) on this rank before they are emitted; returns them,
+annotated or as they were. Every rank calls its observers after every step, so an observer may run a collective."""
+
+_observers: list[StepObserver] = []
 
 _KEY = "session"
 """Where the session lives in `workbench.pool.rank.state`; read only through the functions below."""
@@ -69,6 +76,14 @@ def _device_type() -> str:
     return rank.info.device.split(":")[0]
 
 
+def observe_steps(observer: StepObserver) -> None:
+    """Have `observer` see every step this rank trains from now on (once, however often it is registered). The
+    session calls it without knowing what it is: an emulated cluster's pacing is one
+    (`workbench.emulation.rank.after_step`, registered by the Workbench that installs the cluster)."""
+    if observer not in _observers:
+        _observers.append(observer)
+
+
 def capabilities() -> dict[str, Any]:
     """What this rank's device can do, for validating a Config before it is sent."""
     device = rank.info.device
@@ -90,9 +105,7 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     the state moved (`reshard_direct.reshard_into`), None for a new model.
     """
     old = current_or_none()
-    # Routing settings (capacity, top_k, balancing weight) may change on a trained mixture of experts: same weights.
-    carry = (old is not None and not fresh and old.trainer.cfg.model.same_weights(cfg.model)
-             and old.trainer.cfg.seed == cfg.seed)
+    carry = keeps_weights(old.trainer.cfg if old is not None else None, cfg, fresh)
     with rank.unchecked():
         mesh = build_mesh(cfg, _device_type())  # the process's mesh of this shape, built at its first use
         trainer = Trainer(cfg, mesh, rank.info.device, _data(cfg, corpus, old, carry), telemetry)
@@ -152,7 +165,8 @@ def train(steps: int, run_id: str, saves: SaveSchedule | None = None) -> list[St
         for _ in range(steps):
             # The request may reach ranks at different moments; the step's all-reduce makes them agree.
             metrics = session.trainer.step(session.next_step, Flags(stop=rank.flag("stop") == run_id))
-            metrics = emulation.after_step(metrics, session.trainer.cfg)  # an emulated cluster's dilation
+            for observe in _observers:
+                metrics = observe(metrics, session.trainer.cfg)
             session.next_step += 1
             rank.emit(metrics)
             done.append(metrics)
@@ -184,6 +198,13 @@ def load(path: str, saved: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def held() -> resources.Held:
+    """What this rank holds now (`workbench.telemetry.resources`): trainers alive, and parameters alive against
+    those of the session's model, which must be all of them when nothing leaked."""
+    session = current_or_none()
+    return resources.held(Trainer, session.trainer.modules if session is not None else ())
+
+
 def next_step() -> int:
     return current().next_step
 
@@ -195,7 +216,7 @@ def snapshot() -> dict[str, Any]:
     session = current()
     with rank.unchecked():
         state = export_full_state(session.trainer)
-    return {"next_step": session.next_step, "rng": checkpoint.rng_state(session.trainer.device),
+    return {"next_step": session.next_step, "rng": rng_state(session.trainer.device),
             "state": state if rank.get_rank() == 0 else None}
 
 
@@ -205,6 +226,6 @@ def restore(snapshots: list[dict[str, Any]]) -> int:
     mine = snapshots[rank.get_rank()]
     with rank.unchecked():
         import_full_state(session.trainer, snapshots[0]["state"])
-    checkpoint.set_rng_state(mine["rng"], session.trainer.device)
+    set_rng_state(mine["rng"], session.trainer.device)
     session.next_step = mine["next_step"]
     return session.next_step

@@ -66,15 +66,11 @@ def stage_activations(st: Stage) -> dict[int, int]:
     is held between steps whatever is in flight and counted under buffers, so the first block's figure is
     taken without it.
     """
-    per_chunk = len(st.layers) // st.chunks
-    saved = {}
-    for c, stage in enumerate(st.stages):
-        layers = st.layers[c * per_chunk:(c + 1) * per_chunk]
-        kept = sum(layer_activations(st, i) for i in layers if not st.is_checkpointed(i)) \
-            + st.count_checkpointed(layers) * st.residual()
-        received = st.residual() if stage > 0 else 0
-        saved[stage] = kept + edge_activations(st, stage == 0, stage == st.last_stage) - received
-    return saved
+    def kept(layers: tuple[int, ...]) -> int:
+        return (sum(layer_activations(st, i) for i in layers if not st.is_checkpointed(i))
+                + st.count_checkpointed(layers) * st.residual())
+
+    return st.saved_by_stage(kept, lambda first, last: edge_activations(st, first, last), st.residual())
 
 
 def rebuilt_block(st: Stage) -> int:

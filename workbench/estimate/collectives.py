@@ -14,7 +14,7 @@ from workbench import links
 from workbench.config import Config, MeshLayout
 from workbench.estimate.records import Axis, Collective, CollectiveKind, Role
 from workbench.hardware import Hardware
-from workbench.telemetry.analysis import bus_factor
+from workbench.links import bus_factor
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ it. Every rank of a stage (across dp and tp) has the same shape.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.config import FP8, Config, checkpointed_blocks
@@ -120,17 +121,23 @@ class Stage:
         a pipeline stage receives and sends."""
         return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
 
+    def saved_by_stage(self, kept: Callable[[tuple[int, ...]], int], edges: Callable[[bool, bool], int],
+                       received: int) -> dict[int, int]:
+        """Bytes one micro-batch leaves saved in each pipeline stage this rank holds, by global stage index: what
+        `kept(its blocks)` says they keep, plus `edges(first, last)` around them on the first and last stage, less
+        the `received` input of a stage after the first (torch's receive buffer for that micro-batch, held between
+        steps whatever is in flight and counted under buffers)."""
+        per_chunk = len(self.layers) // self.chunks
+        return {stage: kept(self.layers[c * per_chunk:(c + 1) * per_chunk])
+                + edges(stage == 0, stage == self.last_stage) - (received if stage > 0 else 0)
+                for c, stage in enumerate(self.stages)}
+
 
 def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile | None = None) -> Stage:
     if profile is not None:
         return _traced_stage(cfg, rank, layers, profile)
     m, tp = cfg.model, cfg.tp
-    chunks = config_stages(cfg)
-    checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
-    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
-    stages = tuple(config_rank_stages(cfg, rank))
-    last_stage = cfg.pp * chunks - 1
-    first, last = 0 in stages, last_stage in stages
+    place, first, last = _placement(cfg, rank, layers)
     # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
     block_matmul = block_matmul_params(m) // tp
     block_params = block_matmul + 2 * m.dim
@@ -149,13 +156,24 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelP
     # router (and the shared expert's three matrices).
     tensors = 9 * len(layers) + first + 2 * last + len(moe_layers) * (1 + 3 * m.shared_expert)
     return Stage(
-        cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
-        boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
-        block_matmul=block_matmul, block_params=block_params, embedding=embedding, head=head, root=root,
-        moe_layers=moe_layers, expert_params=expert_params, params=params, tensors=tensors,
-        tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
-        checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed),
+        **place, block_matmul=block_matmul, block_params=block_params, embedding=embedding, head=head,
+        root=root, moe_layers=moe_layers, expert_params=expert_params, params=params, tensors=tensors,
     )
+
+
+def _placement(cfg: Config, rank: int, layers: tuple[int, ...]) -> tuple[dict, bool, bool]:
+    """Where pipeline rank `rank`, holding `layers`, sits (the Stage fields that do not depend on the model's
+    source), and whether it holds the first stage and the last."""
+    chunks = config_stages(cfg)
+    checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
+    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
+    stages = tuple(config_rank_stages(cfg, rank))
+    last_stage = cfg.pp * chunks - 1
+    fields = dict(cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
+                  boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
+                  tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
+                  checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed))
+    return fields, 0 in stages, last_stage in stages
 
 
 def stage_shapes(cfg: Config, profile: ModelProfile | None = None) -> list[Stage]:
@@ -185,25 +203,18 @@ def check_profile(cfg: Config, profile: ModelProfile) -> None:
 def _traced_stage(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile) -> Stage:
     """A pipeline rank's shape from a traced model: its parameters per block and around them, as traced."""
     tp, ep = cfg.tp, cfg.ep
-    chunks = config_stages(cfg)
-    checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
-    stages = tuple(config_rank_stages(cfg, rank))
-    last_stage = cfg.pp * chunks - 1
-    first, last = 0 in stages, last_stage in stages
+    place, first, last = _placement(cfg, rank, layers)
     head_tp = tp if profile.head_split else 1
     embedding = ceil_div(profile.embedding_params, head_tp)
     head = ceil_div(profile.head_params, head_tp)
     moe_layers = tuple(i for i in layers if profile.block(i).expert_params)
     kinds = [profile.block(i) for i in layers]
     return Stage(
-        cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
-        boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
+        **place,
         block_matmul=max((ceil_div(b.split_params, tp) for b in kinds), default=0),
         block_params=max((profile.block_params(i, tp, ep) for i in layers), default=0),
         embedding=embedding, head=head, root=first * embedding + last * (head + profile.norm_params),
         moe_layers=moe_layers, expert_params=sum(b.expert_params for b in kinds) // ep,
         params=profile.stage_params(layers, first, last, tp, ep),
-        tensors=sum(b.tensors for b in kinds) + first + 2 * last,
-        tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
-        checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed), profile=profile,
+        tensors=sum(b.tensors for b in kinds) + first + 2 * last, profile=profile,
     )

@@ -49,11 +49,6 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def threads_per_rank(local_ranks: int) -> int:
-    """The intra-op threads each of `local_ranks` ranks on this machine gets unless told: the cores shared out."""
-    return max(1, (os.cpu_count() or 1) // local_ranks)
-
-
 def local_worker_argv(address: str, key_file: str, rank: int, world_size: int) -> list[str]:
     return [sys.executable, "-m", "workbench.pool.worker", "--connect", address, "--key-file", key_file,
             "--rank", str(rank), "--world-size", str(world_size), "--local"]

@@ -18,13 +18,13 @@ import sys
 import weakref
 from typing import Any, Callable, Literal
 
+from workbench.machine import MACHINE_FACTS, threads_per_rank as shared_threads
 from workbench.pool import launch, private_dir, protocol, zygote
 from workbench.pool.commands import Command, Handle
 from workbench.pool.errors import PoolError
 from workbench.pool.health import HEARTBEAT_S, Explain, Limits
 from workbench.pool.lifecycle import LocalRanks, Standby, StandbyInfo, rank_environment
 from workbench.pool.private_dir import DRIVER_PID
-from workbench.pool.rank import MACHINE_FACTS
 from workbench.pool.transport import Transport
 from workbench.pool.world import PREPARE_KEYS
 
@@ -97,7 +97,7 @@ class Pool:
         self._key = launch.write_key_file(self.key_file)
         self._subscribers: list = []
         self._ids = itertools.count(1)
-        threads = threads_per_rank or launch.threads_per_rank(world_size)
+        threads = threads_per_rank or shared_threads(world_size)
         self._settings_base = {
             "device": device, "heartbeat_s": HEARTBEAT_S, "orphan_timeout_s": heartbeat_timeout_s,
             "pg_timeout_s": 2 * timeout_s + 30, "threads": threads_per_rank, "preload": list(preload),

@@ -12,11 +12,13 @@ In the notebook process this module is inert: `rank.info` is None there.
 
 from __future__ import annotations
 
-import json
 import os
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
+
+# What a rank measures about the machine, kept once per pool: part of what code on a rank can use.
+from workbench.machine import MACHINE_FACTS, machine_fact  # noqa: F401
 
 state: dict[str, Any] = {}
 """Objects a rank keeps across commands (model, optimizer, ...). Cleared only by a restart."""
@@ -84,6 +86,26 @@ def set_flag(name: str, value: Any) -> None:
     _flags[name] = value
 
 
+_nodes: tuple[int, ...] | None = None
+"""The node each global rank stands on, where something said so (`place_on_nodes`)."""
+
+
+def place_on_nodes(nodes: Sequence[int] | None) -> None:
+    """Say which node each global rank stands on (`nodes[r]`: global rank r's node) where the ranks stand for
+    machines other than those they run on (an emulated cluster places them so); None: where they run."""
+    global _nodes
+    _nodes = tuple(nodes) if nodes is not None else None
+
+
+def node_of(global_rank: int) -> int:
+    """The node `global_rank` stands on: as `place_on_nodes` said, else LOCAL_WORLD_SIZE ranks a node (torchrun's
+    placement), else every rank on one node."""
+    if _nodes is not None:
+        return _nodes[global_rank]
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    return global_rank // per_node if per_node else 0
+
+
 def add_diagnostic(name: str, provider: Callable[[], Any]) -> None:
     """Register `provider`: when this rank looks stuck, its answer goes into the error the notebook raises.
 
@@ -111,35 +133,6 @@ def diagnostics() -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - a broken provider must not hide the stack
             answers[name] = f"(failed: {type(e).__name__}: {e})"
     return answers
-
-
-MACHINE_FACTS = "WORKBENCH_MACHINE_FACTS"
-"""The environment variable naming the folder, private to a local pool, where its ranks keep `machine_fact`s."""
-
-
-def machine_fact(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """What `measure()` finds out about this machine (a JSON-able dict), measured once per pool.
-
-    The first ranks of a pool measure; ranks of its later sessions (a restart, the warm standby) read their
-    answer instead of measuring again, so a restart does not pay for it (a CPU's matmul peak takes about a
-    second) and every session of a pool divides by the same figure. Kept as JSON in the pool's private folder
-    (never unpickled); measured at each call where there is no such folder (the notebook, remote ranks).
-    """
-    folder = os.environ.get(MACHINE_FACTS)
-    if not folder:
-        return measure()
-    path = os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        pass  # not measured yet (or a half-written file of a rank that died: measure again)
-    value = measure()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)  # ranks measuring at once each write a whole file; the last one stays
-    return value
 
 
 def unchecked():

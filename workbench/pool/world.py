@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from workbench.machine import threads_per_rank
 from workbench.pool import rank as rank_api
-from workbench.pool.launch import threads_per_rank
 
 PREPARE_KEYS = ("device", "threads", "preload", "backend_setup")
 """The settings `prepare` reads: the same for every session of a pool, so a local rank gets them at spawn."""

@@ -28,8 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from workbench.machine import MACHINE_FACTS
 from workbench.pool.private_dir import DRIVER_PID
-from workbench.pool.rank import MACHINE_FACTS
 
 log = logging.getLogger("workbench.pool")
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from workbench.schedules.grid import Action, ActionInterval, Key, by_rank, needs, produces
+from workbench.schedules.layout import Schedule
 
-if TYPE_CHECKING:
-    from workbench.config import Schedule
 
 
 class Durations(NamedTuple):

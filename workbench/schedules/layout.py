@@ -11,12 +11,28 @@ Two placements, as torch.distributed.pipelining names them:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:  # config imports this package for its pipeline rule: no import back at run time
-    from workbench.config import Config, Schedule
-
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev"]
+"""The pipeline schedules, by the names a Config's `schedule` takes (`workbench.config` reads them here)."""
 Placement = Literal["loop", "v"]
+
+
+class PipelineConfig(Protocol):
+    """What the schedules read of a run's layout (`workbench.config.Config` is one). A protocol rather than Config
+    itself: config imports this package for its pipeline rules, so nothing here imports config back."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def schedule(self) -> Schedule: ...
+    @property
+    def stages_per_rank(self) -> int: ...
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def model(self) -> Any:
+        """The model's shape; its `n_layers` are split among the stages."""
 
 MULTI_STAGE: tuple[str, ...] = ("interleaved_1f1b", "interleaved_zb")
 """Schedules that hold `stages_per_rank` stages per rank in loop placement."""
@@ -31,7 +47,7 @@ def placement(schedule: Schedule) -> Placement:
     return "v" if schedule in V_SHAPED else "loop"
 
 
-def splits_backward(cfg: Config) -> bool:
+def splits_backward(cfg: PipelineConfig) -> bool:
     """Whether `cfg` runs a pipeline whose backwards are split into I and W halves."""
     return cfg.pp > 1 and cfg.schedule in SPLIT_BACKWARD
 
@@ -46,7 +62,7 @@ def virtual_stages(schedule: Schedule, pp: int, stages_per_rank: int) -> int:
     return stages_per_rank if schedule in MULTI_STAGE else 1
 
 
-def config_stages(cfg: Config) -> int:
+def config_stages(cfg: PipelineConfig) -> int:
     """`virtual_stages` of a Config."""
     return virtual_stages(cfg.schedule, cfg.pp, cfg.stages_per_rank)
 
@@ -75,12 +91,12 @@ def stage_rank(stage: int, pp: int, style: Placement = "loop") -> int:
     return stage % pp
 
 
-def config_rank_stages(cfg: Config, pp_rank: int) -> list[int]:
+def config_rank_stages(cfg: PipelineConfig, pp_rank: int) -> list[int]:
     """The global stages pipeline rank `pp_rank` holds under `cfg`."""
     return stages_of_rank(pp_rank, cfg.pp, config_stages(cfg), placement(cfg.schedule))
 
 
-def rank_layers(cfg: Config) -> list[tuple[int, ...]]:
+def rank_layers(cfg: PipelineConfig) -> list[tuple[int, ...]]:
     """The global block indices each pipeline rank holds, in its stages' order."""
     layers = split_layers(cfg.model.n_layers, cfg.pp * config_stages(cfg))
     return [tuple(i for stage in config_rank_stages(cfg, r) for i in layers[stage]) for r in range(cfg.pp)]

@@ -24,13 +24,9 @@ each schedule does, phase by phase:
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
-
 from workbench.schedules.grid import Action, Grid, Kind, place
-from workbench.schedules.layout import config_stages, virtual_stages
+from workbench.schedules.layout import PipelineConfig, Schedule, config_stages, virtual_stages
 
-if TYPE_CHECKING:
-    from workbench.config import Config, Schedule
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")
 
@@ -223,6 +219,6 @@ def schedule_grid(schedule: Schedule, pp: int, microbatches: int, stages_per_ran
     return place(rank_orders(schedule, pp, microbatches, v), v)
 
 
-def config_grid(cfg: Config) -> Grid:
+def config_grid(cfg: PipelineConfig) -> Grid:
     """The ideal grid of a Config's pipeline."""
     return schedule_grid(cfg.schedule, cfg.pp, cfg.micro_batches, config_stages(cfg))

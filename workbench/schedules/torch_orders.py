@@ -12,14 +12,12 @@ import functools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.schedules.grid import Action
-from workbench.schedules.layout import placement, stages_of_rank, virtual_stages
+from workbench.schedules.layout import Schedule, placement, stages_of_rank, virtual_stages
 from workbench.schedules.orders import SCHEDULES
 
-if TYPE_CHECKING:
-    from workbench.config import Schedule
 
 TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
                  "interleaved_zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from workbench import links
 from workbench.telemetry.events import Interval
 
 Span = tuple[int, int]
@@ -114,34 +115,13 @@ def step_summary(intervals: Iterable[Interval]) -> tuple[float, float, float | N
 
 # --- bandwidth, as nccl-tests reports it (doc/PERFORMANCE.md) ---------------------
 
-_BUS_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-}
-
 
 def bus_factor(op: str, group_size: int) -> float:
-    """busbw / algbw for ``op`` among ``group_size`` ranks: how much of the payload each rank's
-    link must carry, so busbw compares with the hardware's peak whatever the rank count.
-
-    A coalesced batch ("send+recv") takes its parts' factor when they agree.
-    """
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    factors = set()
-    for part in op.split("+"):
-        if part not in _BUS_FACTORS:
-            raise ValueError(f"no bus bandwidth factor for {part!r}; known: {sorted(_BUS_FACTORS)}")
-        factors.add(_BUS_FACTORS[part](group_size))
-    if len(factors) != 1:
-        raise ValueError(f"the parts of {op!r} have different bus factors")
-    return factors.pop()
+    """busbw / algbw of a recorded ``op`` among ``group_size`` ranks: nccl-tests' factor (`links.bus_factor`, the
+    one table), refused for a barrier, which moves no payload and so has no bus bandwidth to report."""
+    if "barrier" in op.split("+"):
+        raise ValueError(f"no bus bandwidth factor for {op!r}: a barrier moves no payload")
+    return links.bus_factor(op, group_size)
 
 
 def algbw(nbytes: int, seconds: float) -> float:

@@ -17,14 +17,26 @@ is not recorded), so the checks stay available.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from workbench.emulation import rank as emulation
 from workbench.telemetry import native
 
 BACKEND_NAME = "workbench"
+
+groups: dict[str, tuple[tuple[int, ...], int]] = {}
+"""Every process group this process created through the backend: uid -> (the group's global ranks, this rank's
+global rank)."""
+_group_observers: list[Callable[[str], None]] = []
+
+
+def observe_groups(observer: Callable[[str], None]) -> None:
+    """Have `observer(uid)` called for each group created from now on (`groups[uid]` says whose it is); once,
+    however often it is registered. The emulated cluster prices each group so (`workbench.emulation.rank`)."""
+    if observer not in _group_observers:
+        _group_observers.append(observer)
 
 
 def register() -> str:
@@ -61,8 +73,11 @@ def _create(opts, pg_options=None):
     gloo._set_sequence_number_for_group()
     nccl = _create_nccl(opts, pg_options) if torch.cuda.is_available() else None
     backend = ext.recording_backend(rank, size, gloo, nccl, opts.group_id)
-    # The emulated cluster (workbench.emulation) prices every group by its global ranks; the world has none listed.
-    emulation.remember_group(opts.group_id, list(opts.global_ranks_in_group) or list(range(size)), rank)
+    # Who is in the group, by global rank (the world has none listed), for whoever prices groups by their members.
+    ranks = tuple(opts.global_ranks_in_group) or tuple(range(size))
+    groups[opts.group_id] = (ranks, ranks[rank])
+    for observe in _group_observers:
+        observe(opts.group_id)
     return backend
 
 

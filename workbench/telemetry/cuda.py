@@ -17,7 +17,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from workbench.telemetry.native import NativeBuildError, cache_root, mark_used
+from workbench.telemetry.build_cache import NativeBuildError, cache_root, mark_used
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "cuda"
 ABI_VERSION = 3

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,16 +36,24 @@ def parameter_bytes(modules: list[nn.Module]) -> int:
             if id(p) not in seen:
                 seen.add(id(p))
                 total += local_bytes(p)
-        for fsdp_param in _fsdp_params(module):
-            # While gathered, the module exposes the unsharded parameter and the shard lives on beside it.
-            sharded = getattr(fsdp_param, "sharded_param", None)
-            if sharded is not None and id(sharded) not in seen:
-                seen.add(id(sharded))
-                total += local_bytes(sharded)
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None and id(unsharded) not in seen:
-                seen.add(id(unsharded))
-                total += unsharded.untyped_storage().nbytes()  # 0 while resharded (storage freed)
+        total += _fsdp_copies_bytes(_fsdp_params(module), seen, local_bytes)
+    return total
+
+
+def _fsdp_copies_bytes(fsdp_params: Iterable[Any], seen: set[int], size: Callable[[torch.Tensor], int]) -> int:
+    """Bytes of FSDP2's own copies of `fsdp_params` that are not among `seen` (ids; the copies counted are added):
+    while a parameter is gathered, the module exposes the unsharded parameter and the shard lives on beside it;
+    the unsharded one counts its storage, 0 while resharded (freed). `size`: a tensor's bytes."""
+    total = 0
+    for fsdp_param in fsdp_params:
+        sharded = getattr(fsdp_param, "sharded_param", None)
+        if sharded is not None and id(sharded) not in seen:
+            seen.add(id(sharded))
+            total += size(sharded)
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)
+        if unsharded is not None and id(unsharded) not in seen:
+            seen.add(id(unsharded))
+            total += unsharded.untyped_storage().nbytes()
     return total
 
 
@@ -120,17 +129,7 @@ class ModelMemory:
         total = self._last_bytes  # the same objects as last time hold the same bytes (a tensor's size is fixed)
         if not self._fsdp:
             return total
-        seen = {id(p) for p in params}
-        for fsdp_param in self._fsdp:
-            sharded = getattr(fsdp_param, "sharded_param", None)
-            if sharded is not None and id(sharded) not in seen:
-                seen.add(id(sharded))
-                total += self._bytes(sharded)
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None and id(unsharded) not in seen:
-                seen.add(id(unsharded))
-                total += unsharded.untyped_storage().nbytes()  # 0 while resharded (storage freed)
-        return total
+        return total + _fsdp_copies_bytes(self._fsdp, {id(p) for p in params}, self._bytes)
 
     def gradient_bytes(self) -> int:
         return sum(local_tensor(g).nbytes for g in [p.grad for p in self._parameters()] if g is not None)

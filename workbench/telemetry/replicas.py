@@ -2,15 +2,10 @@
 
 Replicas of a layout hold the same weights by construction (the same seed, averaged gradients, the same update),
 so a parameter whose bytes differ between them is a flipped bit, a non-deterministic kernel or a bug in a
-synchronisation, and would otherwise go on training unnoticed. `check_replicas(trainer)` hashes each parameter
-this rank holds (its local shard under tensor parallel), gathers the digests over the group of ranks that must
-hold the same bytes, and raises `ReplicaDivergence` naming the rank and the first parameter that differs.
-`first_divergence` is the pure comparison.
-
-Which ranks are replicas: the data-parallel ranks (times cp) under DDP and ZeRO-1, including tensor parallel's
-(dp, tp) parameters (each dp rank holds the same tp shard); under HSDP the dp_replicate groups; under plain
-ZeRO-2/3 none (FSDP2 shards every parameter over dp, so no two ranks hold the same bytes). Expert-parallel slices
-differ across the ep ranks and are left out.
+synchronisation, and would otherwise go on training unnoticed. The measures are here: `parameter_digests` hashes
+each parameter a rank holds (its local shard under tensor parallel), `first_divergence` is the pure comparison
+and `ReplicaDivergence` names the rank and the first parameter that differs. Which ranks must hold the same
+bytes is the engine's to say: `workbench.engine.replicas.check_replicas(trainer)` gathers the digests over them.
 """
 
 from __future__ import annotations
@@ -19,8 +14,6 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -88,37 +81,3 @@ def first_divergence(digests: Mapping[int, Sequence[tuple[str, str]]]) -> Diverg
         odd = tuple(r for r in ranks if held[r] != reference)
         return Divergence(odd, reference[0], tuple(r for r in ranks if held[r] == reference))
     return None
-
-
-def replica_group(trainer: Any) -> tuple[Any | None, list[torch.Tensor]]:
-    """The process group of this rank's replicas (None when it has none) and the parameters to leave out."""
-    from workbench.engine.parallel.expert import expert_parameters
-
-    cfg, mesh = trainer.cfg, trainer.dp_mesh
-    if cfg.hsdp:
-        group = mesh.get_group(0)  # dp_replicate: FSDP2 shards within, replicates across
-    elif cfg.zero >= 2:
-        return None, []
-    else:
-        group = mesh.get_group()
-    if torch.distributed.get_world_size(group) < 2:
-        return None, []
-    return group, [p for module in trainer.modules for p in expert_parameters(module)]
-
-
-def check_replicas(trainer: Any) -> None:
-    """Compare this rank's parameters with its replicas'; raises `ReplicaDivergence` on every replica alike.
-
-    A collective over the replica group (one all_gather of 16 bytes a parameter): every rank of the layout must
-    call it at the same step. Does nothing when the layout has no replicas."""
-    import torch.distributed as dist
-
-    group, skip = replica_group(trainer)
-    if group is None:
-        return
-    mine = parameter_digests(trainer.modules, skip)
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, mine, group=group)
-    found = first_divergence(dict(zip(dist.get_process_group_ranks(group), gathered)))
-    if found is not None:
-        raise ReplicaDivergence(found)

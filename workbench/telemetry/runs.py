@@ -62,7 +62,7 @@ class RunRecord:
     """Each rank's metrics in step order."""
     predicted_memory: dict[int, dict[str, int]] = field(default_factory=dict)
     """Each rank's memory by category as the estimator predicts it for this layout on these ranks' hardware
-    (`workbench.estimate.compare.predicted_memory`); empty where there is no estimate to show."""
+    (`workbench.compare.predicted_memory`); empty where there is no estimate to show."""
 
     @property
     def layout(self) -> str:

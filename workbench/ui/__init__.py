@@ -19,6 +19,6 @@ __all__ = ["load_ipython_extension"]
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext workbench.ui` (or `%load_ext workbench`): registers the `%%ranks` cell magic."""
-    from workbench.ui.magics import load_ipython_extension as load
+    from workbench.magics import load_ipython_extension as load
 
     load(ipython)

@@ -1,5 +1,5 @@
 """Predicted beside measured, as the dashboard and `bench.report()` show it: the last layout's estimate next to the
-steps its ranks measured (`workbench.estimate.compare` makes the rows; this only picks the hardware profile that
+steps its ranks measured (`workbench.compare` makes the rows; this only picks the hardware profile that
 describes the ranks and writes the table)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
     telemetry, or for a GPU without a profile). On CPU ranks the profile is the matmul peak they measured for
     their MFU (no measuring, no torch, in the notebook)."""
     from workbench.tracing.estimate import estimate  # any model: traced where it is not the built-in one
-    from workbench.estimate.compare import compare
+    from workbench.compare import compare
     from workbench.estimate.predict import CPU_EFFICIENCY
     from workbench.hardware import cpu_with_peak
 

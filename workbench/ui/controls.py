@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.config import PRESETS, Config, ConfigError, ModelConfig
+from workbench.config import PRESETS, Config, ConfigError, ModelConfig, keeps_weights
 from workbench.ui.actions import ActionRunner, Confirm
 from workbench.ui.fields import CONTROLS, Values, read
-from workbench.workbench import keeps_weights
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench

@@ -8,29 +8,25 @@ network either way (k·(n-k)/n of a node's rows), and they arrive in the flat ex
 then by local expert), so the experts compute the same thing and the losses are bit-identical to flat.
 (`workbench.links.expert_exchange_traffic` is the arithmetic, for the estimator.)
 
-Ranks sit on nodes as the emulated cluster places them (workbench.emulation), else `LOCAL_WORLD_SIZE` to a
-node (torchrun), else all on one node, where the exchange is the flat one with an extra copy.
+Ranks sit on nodes as the pool places them (`workbench.pool.rank.node_of`: an emulated cluster's placement when one
+is emulated, else `LOCAL_WORLD_SIZE` to a node, as torchrun sets it), else all on one node, where the exchange is
+the flat one with an extra copy.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from workbench.pool import rank
+
 
 def node_of_rank() -> "callable":
-    """Global rank -> node: the emulated cluster's placement, else LOCAL_WORLD_SIZE ranks a node, else one node."""
-    from workbench.emulation import rank as emulation
-
-    cluster = emulation.cluster()
-    if cluster is not None:
-        return cluster.topology.node_of
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or dist.get_world_size()
-    return lambda r: r // per_node
+    """Global rank -> node, as the ranks are placed (`workbench.pool.rank.node_of`)."""
+    return rank.node_of
 
 
 @dataclass(frozen=True)

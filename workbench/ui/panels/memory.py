@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.estimate.compare import AT_REST, Comparison, measured_memory
+from workbench.compare import AT_REST, Comparison, measured_memory
 from workbench.hardware import si
 from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.style import (

@@ -17,6 +17,7 @@ rank's last step is read (the first steps warm up). What each row compares:
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Literal
@@ -26,6 +27,8 @@ from workbench.telemetry.events import StepMetrics
 
 if TYPE_CHECKING:
     from workbench.config import Config
+
+log = logging.getLogger("workbench")
 
 AT_REST = ("parameters", "optimizer")
 AT_PEAK = ("gradients", "activations")
@@ -105,6 +108,25 @@ def predicted_memory(est: Estimate, cfg: "Config") -> dict[int, dict[str, int]]:
     mesh = cfg.degrees.mesh_layout()
     return {rank: {category: getattr(est.stages[mesh.coordinate(rank)["pp"]].memory, category)
                    for category in (*AT_REST, *AT_PEAK)} for rank in range(mesh.world_size)}
+
+
+def predicted_memory_on(cfg: "Config", capabilities: dict) -> dict[int, dict[str, int]]:
+    """Each rank's memory as the estimator predicts it for `cfg` on ranks of `capabilities` (their device, as the
+    Workbench asked it), for the memory plot; {} where no hardware profile describes the device, or the estimator
+    cannot price the layout there (the ranks already hold it: a missing prediction must not undo it)."""
+    from workbench.hardware import cpu_with_peak, profile_for
+    from workbench.tracing.estimate import estimate  # any model: traced where it is not the built-in one
+
+    profile = profile_for(capabilities["device"], capabilities.get("name", ""))
+    if profile is None:
+        return {}
+    # The CPU model's memory does not read the matmul peak; the ranks measure it with their first steps.
+    hardware = cpu_with_peak(cfg.precision, 1.0) if profile == "cpu" else profile
+    try:
+        return predicted_memory(estimate(cfg, hardware), cfg)
+    except Exception:  # noqa: BLE001 - shown beside the measured memory when there is one; nothing else hangs on it
+        log.warning("no memory estimate for %s", cfg.layout, exc_info=True)
+        return {}
 
 
 def _by_kind(pairs: Iterable[tuple[str, int]]) -> dict[str, int]:

@@ -21,6 +21,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
+from workbench import kernel
+
 NAMESPACE_KEY = "ranks_magic_namespace"
 """Where each rank keeps the names its %%ranks cells defined (in workbench.pool.rank.state)."""
 
@@ -67,18 +69,16 @@ class RankMagics(Magics):
                 print(f"[rank {r}] Out: {value}")
 
     def _find_bench(self, name: str) -> Any:
-        from workbench.workbench import Workbench
-
         ns = self.shell.user_ns
         if name:
             if name not in ns:
                 raise UsageError(f"%%ranks {name}: no variable {name!r} in this notebook")
-            if not isinstance(ns[name], Workbench):
+            if not kernel.is_workbench(ns[name]):
                 raise UsageError(f"%%ranks {name}: {name} is a {type(ns[name]).__name__}, not a wb.Workbench")
             return ns[name]
         found: dict[int, list[str]] = {}
         for var, value in ns.items():
-            if (isinstance(value, Workbench) and not var.startswith("_") and not value.closed
+            if (kernel.is_workbench(value) and not var.startswith("_") and not value.closed
                     and not value.pool.broken):
                 found.setdefault(id(value), []).append(var)
         if not found:
