@@ -16,7 +16,7 @@ from workbench.config.refusals import at_least, check_fields, positive, refuse
 BYTE_VOCAB = 256
 """Tokens are bytes (engine/data.py): a vocabulary smaller than this cannot embed the data."""
 ROTARY_TABLE_LIMIT_BYTES = 256 * 2**20
-"""Bound on max_seq_len through the rotary table every rank builds for it (engine/model.py): 4·head_dim bytes per
+"""Bound on max_seq_len through the rotary table every rank builds for it (models/transformer.py): 4·head_dim bytes per
 position kept (fp32 cos and sin), about six times that while it is built (float64 angles, cos, sin, their stack).
 256 MiB kept (~1.5 GiB while built) is 524,288 positions at head_dim 128, beyond the contexts published models train
 with, and fails fast instead of running a rank out of memory."""

@@ -7,7 +7,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.mesh import mesh_axis
-from workbench.engine.model import Transformer
+from workbench.models.transformer import Transformer
 from workbench.engine.parallel.compile import apply_compile
 from workbench.engine.parallel.context import apply_cp
 from workbench.engine.parallel.data_parallel import apply_dp, gradient_mesh

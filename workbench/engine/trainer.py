@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import build_model, loss_fn, set_moe_aux_grad_scale
+from workbench.models.transformer import build_model, loss_fn, set_moe_aux_grad_scale
 from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.context import shard_sequence
 from workbench.engine.parallel.data_parallel import build_optimizer, gradient_mesh, gradient_sync

@@ -41,7 +41,7 @@ from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from workbench.config import Config
-from workbench.engine.model import MoEFeedForward
+from workbench.models.transformer import MoEFeedForward
 
 RECOMPILE_LIMIT = 64
 """Variants one block's code may compile to in a process (dynamo's default is 8): one per layout explored."""

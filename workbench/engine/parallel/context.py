@@ -48,7 +48,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import Attention, CausalAttention, Transformer
+from workbench.models.transformer import Attention, CausalAttention, Transformer
 
 _KV_TAG, _GRAD_TAG = 0, 1
 """Tags of the two exchanges that can be in flight at once in backward (keys/values, their gradients): gloo

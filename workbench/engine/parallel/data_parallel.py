@@ -49,7 +49,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
-from workbench.engine.model import Transformer
+from workbench.models.transformer import Transformer
 from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.parallel.offload import HostOffload

@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import GroupedExperts, MoEFeedForward
+from workbench.models.transformer import GroupedExperts, MoEFeedForward
 
 
 class _AllToAll(torch.autograd.Function):

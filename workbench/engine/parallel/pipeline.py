@@ -45,7 +45,7 @@ dtypes it infers (and allocates receive buffers for) are those that training
 sends. Backward runs outside autocast, as torch recommends.
 
 Mixture of experts: each MoE FFN attaches its balancing loss to its output
-(model.py's `AttachAuxLoss`), so the stage's own backward trains its routers
+(models/transformer.py's `AttachAuxLoss`), so the stage's own backward trains its routers
 on it; the loss function on the last stage sees only the training loss. The
 trainer sets `runner.after_forward` to read each stage's router counts after
 every micro-batch's forward.
@@ -79,7 +79,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, Pipeli
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
-from workbench.engine.model import Transformer
+from workbench.models.transformer import Transformer
 from workbench.engine.precision import DTYPES
 from workbench.schedules import (
     TORCH_CLASSES,

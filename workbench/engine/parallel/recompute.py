@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from workbench.config import Config, checkpointed_blocks
-from workbench.engine.model import Transformer
+from workbench.models.transformer import Transformer
 
 _aten, _c10d = torch.ops.aten, torch.ops._c10d_functional
 OP_POLICY_SAVES = frozenset({

@@ -47,7 +47,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from workbench.config import Config
-from workbench.engine.model import MoEFeedForward, Transformer
+from workbench.models.transformer import MoEFeedForward, Transformer
 
 
 def block_plan() -> dict[str, ParallelStyle]:

@@ -1,0 +1,7 @@
+"""The models the workbench trains, and the protocol the engine lays any of them out through.
+
+Model code only: no process, no process group, no device mesh. The engine (on the ranks) and the notebook's
+estimator (which traces a model on the meta device) both import it.
+
+- `transformer.py`  the built-in decoder (RMSNorm, rotary, SwiGLU, grouped-query attention, mixture of experts).
+"""
