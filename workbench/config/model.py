@@ -58,6 +58,11 @@ class ModelConfig:
     shared_expert: bool = False
     """Add one dense SwiGLU expert that every token goes through, beside the routed ones."""
 
+    sliding_window = None
+    """Not a field: the built-in attention sees the whole past (model sources with a window say so, `sources.py`)."""
+    tied_embeddings = False
+    """Not a field: the output head has its own weight."""
+
     def __post_init__(self) -> None:
         check_fields(self, _RANGES, prefix="model.")
         self._check_heads()
@@ -145,6 +150,15 @@ class ModelConfig:
     def active_params(self) -> int:
         """Parameters one token uses: a MoE FFN counts its router, top_k experts and the shared expert."""
         return params.active_params(self)
+
+    @property
+    def name(self) -> str:
+        """Display name: a preset's when the shape is one (routing settings aside), else the shape in brief."""
+        preset = next((n for n, m in PRESETS.items() if m.same_weights(self) and m.n_experts == self.n_experts), None)
+        if preset is not None:
+            return preset
+        experts = f", {self.n_experts} experts" if self.n_experts else ""
+        return f"dim {self.dim} × {self.n_layers} layers{experts}"
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:

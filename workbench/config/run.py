@@ -19,6 +19,7 @@ from workbench.config.choices import Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
+from workbench.config.sources import CustomModel, HFModel
 
 _RANGES = {
     **{name: at_least(1) for name in ("dp", "tp", "pp", "ep", "cp", "dp_replicate", "micro_batches", "stages_per_rank",
@@ -36,8 +37,9 @@ _RANGES = {
 class Config:
     """Everything a run is: model shape, parallel layout, precision and training settings."""
 
-    model: ModelConfig = field(default_factory=lambda: PRESETS["tiny"])
-    """The model's shape; `ModelConfig.preset("tiny")` and friends."""
+    model: ModelConfig | HFModel | CustomModel = field(default_factory=lambda: PRESETS["tiny"])
+    """The model: the built-in one's shape (`ModelConfig.preset("tiny")` and friends), a Hugging Face architecture
+    (`HFModel(config, weights=None)`) or a factory of your own (`CustomModel("pkg.module:factory", plan=...)`)."""
     dp: int = 1
     """Data-parallel degree: replicas (or ZeRO shards) that each see their own slice of the batch."""
     tp: int = 1
@@ -111,9 +113,9 @@ class Config:
     CUDA device, not with zero 2/3, offload, pp or experts. See CUDA_GRAPHS_HELP."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, ModelConfig):
-            raise refuse("model", f"expected a ModelConfig, got {type(self.model).__name__}",
-                         'pass model=wb.ModelConfig.preset("tiny") or a ModelConfig(...)')
+        if not isinstance(self.model, (ModelConfig, HFModel, CustomModel)):
+            raise refuse("model", f"expected a ModelConfig, HFModel or CustomModel, got {type(self.model).__name__}",
+                         'pass model=wb.ModelConfig.preset("tiny"), wb.HFModel(config) or wb.CustomModel("pkg:fn")')
         check_fields(self, _RANGES)
         rules.check(self)
 
