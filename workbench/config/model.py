@@ -102,7 +102,7 @@ class ModelConfig:
         """Whether `other` describes the same parameters: equal but for the routing settings (top_k,
         capacity_factor, aux_loss_coef), which change how experts are used, not what they are."""
         routing = {"top_k", "capacity_factor", "aux_loss_coef"}
-        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
+        return isinstance(other, ModelConfig) and all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
                    if f.name not in routing)
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -105,6 +105,9 @@ class CausalLM(nn.Module):
     lm_parts: Parts
     wb_positions: torch.Tensor | None = None
     """Positions of the tokens the model is given (1-D); None: 0..seq-1 of the input's length."""
+    blocks_compile_whole: bool = False
+    """Whether each dense block compiles to one graph (torch.compile's fullgraph): the built-in's do; another
+    family's blocks may break the graph where dynamo cannot follow them, which then runs eagerly."""
 
     # -- the parts -------------------------------------------------------------------------------------------
     def part(self, path: str | None) -> nn.Module | None:

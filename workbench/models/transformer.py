@@ -241,6 +241,7 @@ class Transformer(CausalLM):
     called as `block(hidden, rope)`, with the rotary table of the positions the model is given."""
 
     lm_parts = Parts(embedding="tok_embeddings", blocks="layers", norm="norm", head="output")
+    blocks_compile_whole = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
