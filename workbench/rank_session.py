@@ -50,6 +50,9 @@ class RankSession:
     def train(self, steps: int, run_id: str, saves: checkpoints.SaveSchedule | None) -> Handle:
         return self.pool.run_async(_OnRanks("train"), steps, run_id, saves)
 
+    def export_hf(self, directory: str, max_shard_bytes: int) -> list[str]:
+        return self.pool.run(_OnRanks("export_hf"), directory, max_shard_bytes)[0]
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Every rank's part of the training state, for the notebook to hold (`workbench.recovery`)."""
         return self.pool.run(_OnRanks("snapshot"))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoints, kernel
-from workbench.config import Config, ConfigError
+from workbench.config import Config, ConfigError, HFModel, ModelConfig
 from workbench.corpus import check_corpus
 from workbench.emulation import Cluster, status_line
 from workbench.emulation import rank as emulation
@@ -156,6 +156,10 @@ class Workbench:
         if not isinstance(cfg, Config):
             raise ConfigError(f"config: expected a wb.Config, got {type(cfg).__name__}. Fix: pass wb.Config(...).")
         cfg.check_world(self.pool.world_size)
+        if not isinstance(cfg.model, ModelConfig):
+            from workbench.models.check import check_model  # torch here only for another model source
+
+            check_model(cfg)  # built on the meta device: what only the model itself can refuse
         caps = self.capabilities
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
                          cuda=caps["device"].startswith("cuda"))
@@ -354,6 +358,20 @@ class Workbench:
         if cfg is None:
             raise RuntimeError("nothing to export: call bench.apply(wb.Config(...)) first, or pass config=")
         return export(cfg, directory, **launch)
+
+    def export_hf(self, path: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> list[Path]:
+        """Write the trained Hugging Face model (an `HFModel`) into folder `path` as transformers reads it:
+        safetensors (sharded past `max_shard_bytes`, with its index) and config.json; returns the files.
+        `wb.HFModel(path, weights=path)` loads it back bit for bit, in any layout."""
+        self._require_idle("export the model")
+        if self.config is None:
+            raise RuntimeError("nothing to export: call bench.apply(wb.Config(model=wb.HFModel(...))) first")
+        if not isinstance(self.config.model, HFModel):
+            raise ConfigError(f"model: export_hf writes a Hugging Face checkpoint, and the model is a "
+                              f"{type(self.config.model).__name__}. Fix: use bench.save(path) for a workbench "
+                              "checkpoint")
+        folder = Path(path).expanduser().resolve()
+        return [Path(p) for p in self.session.export_hf(str(folder), max_shard_bytes)]
 
     def emulate(self, cluster: Cluster | str | None) -> str:
         """Stand for another cluster from now on (None: this machine's own links); returns `links`.

@@ -16,7 +16,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from workbench.config import Config, HFModel  # noqa: E402
+from workbench.config import Config, CustomModel, HFModel  # noqa: E402
 from workbench.models.build import build  # noqa: E402
 from workbench.models.init import whole_model  # noqa: E402
 
@@ -44,6 +44,15 @@ def family(name: str, **overrides: Any) -> HFModel:
 FAMILIES = ("llama", "mistral", "qwen3", "gemma", "qwen3_moe")
 
 
+def data_of(cfg: Config):
+    """The tests' synthetic batches (tests/engine/rank_fns.py), over the byte vocabulary where the model does not
+    say its own before it is built (a user's module)."""
+    from tests.engine.rank_fns import SyntheticData
+    from workbench.config import ModelConfig
+
+    return SyntheticData(cfg if cfg.model.vocab_size else cfg.replace(model=ModelConfig.preset("tiny")))
+
+
 def hf_model(cfg: Config) -> torch.nn.Module:
     """The family's own model (transformers' class and forward) with the workbench's initial values."""
     from transformers import AutoModelForCausalLM
@@ -59,25 +68,43 @@ def hf_model(cfg: Config) -> torch.nn.Module:
 
 
 def hf_reference(cfg: Config, steps: int) -> list[float]:
-    """The losses of the family's own model, one process, whole batches (fp32, AdamW): what every layout matches."""
+    """The losses of the family's own model (a user's module: its own), one process, whole batches, under the
+    Config's precision (autocast; fp16 with a GradScaler) and optimizer: what every layout matches."""
     return list(_reference(Config(model=cfg.model, seed=cfg.seed, lr=cfg.lr, batch_size=cfg.batch_size,
-                                  seq_len=cfg.seq_len), steps))
+                                  seq_len=cfg.seq_len, precision=cfg.precision, optimizer=cfg.optimizer), steps))
 
 
 @functools.cache
 def _reference(cfg: Config, steps: int) -> tuple[float, ...]:
-    from tests.engine.rank_fns import SyntheticData
     from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
+    from workbench.engine.precision import DTYPES
     from workbench.models.transformer import loss_fn
 
-    model, data = hf_model(cfg), SyntheticData(cfg)
+    model, data = (own_module(cfg) if isinstance(cfg.model, CustomModel) else hf_model(cfg)), data_of(cfg)
     opt = OPTIMIZERS[cfg.optimizer](model.parameters(), **hyperparameters(cfg))
+    scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
+    dtype = DTYPES[cfg.precision]
     losses = []
     for step in range(steps):
         tokens = data.global_batch(step)
-        loss = loss_fn(model(tokens[:, :-1]).logits, tokens[:, 1:])
-        loss.backward()
-        opt.step()
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            out = model(tokens[:, :-1])
+            loss = loss_fn(getattr(out, "logits", out), tokens[:, 1:])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return tuple(losses)
+
+
+def own_module(cfg: Config) -> torch.nn.Module:
+    """A user's module as its own factory builds it (its own class and forward), with the workbench's initial
+    values: the reference of a CustomModel."""
+    from workbench.models.custom import load_factory
+
+    module = load_factory(cfg.model.factory)(**cfg.model.kwargs)
+    built = build(cfg.model, cfg.seed)
+    missing, unexpected = module.load_state_dict(whole_model(built.model, built.values), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    return module

@@ -73,7 +73,7 @@ def test_tensor_parallel_problems_name_the_module():
     model = build(family("llama"), seed=0).model
     assert tp_problems(model, 2) == []
     problems = tp_problems(model, 4)
-    assert "model.layers.0.self_attn.k_proj: its 2 heads do not divide tp=4" in problems
+    assert "model.layers.*.self_attn.k_proj: its 2 heads do not divide tp=4" in problems
     assert not any("q_proj" in p for p in problems)  # 4 query heads split over 4
 
 

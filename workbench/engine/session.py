@@ -184,6 +184,15 @@ def load(path: str, saved: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def export_hf(directory: str, max_shard_bytes: int) -> list[str]:
+    """Write the session's model as a Hugging Face checkpoint (safetensors + config.json) into `directory`."""
+    from workbench.engine.export_hf import export_hf as write
+
+    session = current()
+    with rank.unchecked():
+        return write(session.trainer, directory, max_shard_bytes)
+
+
 def next_step() -> int:
     return current().next_step
 

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from workbench.config import CustomModel, HFModel, ModelConfig
-from workbench.models.adapt import parameters_on_meta
+from workbench.models.adapt import direct_parameters, parameters_on_meta
 from workbench.models.init import BuiltinInit, InitialValues, ModuleInit, materialize, reset_parameters
-from workbench.models.protocol import CausalLM
+from workbench.models.protocol import CausalLM, Unsupported
 
 ModelSource = ModelConfig | HFModel | CustomModel
 
@@ -55,6 +55,13 @@ def build(source: ModelSource, seed: int) -> Built:
         own = model._own("_init_weights")
         initialise = own if own is not None else reset_parameters
         how = "the model's _init_weights" if own is not None else "reset_parameters()"
+        if own is None:  # refused now, not when a rank first draws that module
+            for path, module in model.named_modules():
+                if direct_parameters(module) and not hasattr(module, "reset_parameters"):
+                    raise Unsupported(f"{path}: {type(module).__name__} holds parameters but has no reset_parameters()"
+                                      ", so its initial values cannot be drawn on each rank apart. Fix: define "
+                                      "reset_parameters() on it (torch's convention), or _init_weights(module) on "
+                                      "the model")
         return Built(model, ModuleInit(copy.deepcopy(model), seed, initialise, how))
     raise TypeError(f"not a model source: {type(source).__name__}")
 

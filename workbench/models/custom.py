@@ -151,12 +151,14 @@ class CustomCausalLM(CausalLM):
         for pattern in self.wb_plan:
             if not pattern.startswith(prefix) and pattern not in parts:
                 raise Unsupported(f"plan entry {pattern!r} is neither inside the blocks ({prefix}...) nor a part the "
-                                  "workbench lays out itself (embedding, norm, head)")
+                                  "workbench lays out itself (embedding, norm, head). Fix: name modules inside the "
+                                  "blocks")
         plan = {p.removeprefix(prefix): style for p, style in self.wb_plan.items() if p.startswith(prefix)}
         names = {name for _, block in self.block_paths() for name, _ in block.named_modules()}
         for pattern in plan:
             if not matching(names, pattern):
-                raise Unsupported(f"plan entry {prefix}{pattern!r} names no module of any block")
+                raise Unsupported(f"plan entry {prefix + pattern!r} names no module of any block. Fix: name modules "
+                                  f"by their path from the model's root, blocks as {prefix}...")
         return plan
 
     def routed_experts(self) -> list[Experts]:
@@ -167,5 +169,5 @@ class CustomCausalLM(CausalLM):
         if own is not None:
             own(kernel)
             return
-        for _, block in self.block_paths():
-            route_sdpa(block, kernel)
+        for path, block in self.block_paths():
+            route_sdpa(block, kernel, path)

@@ -28,6 +28,8 @@ import itertools
 import os
 from typing import Any
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing is ever downloaded
+
 import torch
 from torch import nn
 
@@ -43,7 +45,6 @@ _ring_names = itertools.count()
 
 def hf_config(source: HFModel) -> Any:
     """The transformers config object of `source` (offline)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded
     from transformers import CONFIG_MAPPING
 
     data = source.config

@@ -48,10 +48,17 @@ def route_sdpa(module: nn.Module, kernel: AttentionKernel, where: str = "") -> N
         mode.__enter__()
         active.append(mode)
 
+    def seen(_module: nn.Module, _args: Any, _output: Any) -> None:
+        if active[-1].calls == 0:
+            raise Unsupported(f"{where}: its forward made no causal scaled_dot_product_attention call, so context "
+                              "parallel cannot reach its attention. Fix: set cp=1, or define use_attention(kernel) on "
+                              "the model")
+
     def leave(_module: nn.Module, _args: Any, _output: Any) -> None:
         active.pop().__exit__(None, None, None)
 
     module.register_forward_pre_hook(enter)
+    module.register_forward_hook(seen)
     module.register_forward_hook(leave, always_call=True)
 
 

@@ -52,7 +52,9 @@ def tp_problems(model: CausalLM, tp: int) -> list[str]:
         for pattern, style in plan.items():
             for name in matching(modules, pattern):
                 matched.add(pattern)
-                problems += _divides(f"{path}.{name}", modules[name], style, tp, _head_dim(modules, name))
+                # Said once for all blocks: the path with the block's index as "*".
+                where = f"{path.rpartition('.')[0]}.*.{name}"
+                problems += _divides(where, modules[name], style, tp, _head_dim(modules, name))
     if not matched:  # a family's entries may name modules only some blocks have (a dense MLP beside MoE layers)
         problems.append(f"no entry of the plan names a module of the blocks ({', '.join(plan)})")
     return sorted(set(problems), key=problems.index)

@@ -96,7 +96,7 @@ class Weights:
 
 def _read(stored, region: Region) -> torch.Tensor:
     """The piece `region` of a stored tensor: its bounding box read from the file, then cut to the runs."""
-    box = tuple(slice(runs[0][0], runs[-1][1]) if runs else slice(0, 0) for runs in region)
+    box = tuple(slice(min(a for a, _ in runs), max(b for _, b in runs)) if runs else slice(0, 0) for runs in region)
     shifted = tuple(tuple((a - s.start, b - s.start) for a, b in runs) for runs, s in zip(region, box))
     tensor = stored[box] if region else stored[:]
     return cut(tensor, shifted)
