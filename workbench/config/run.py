@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from workbench.config import rules, serialize
@@ -20,6 +20,7 @@ from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
 from workbench.config.sources import CustomModel, HFModel
+from workbench.config.tokenizer import check_tokenizer
 
 _RANGES = {
     **{name: at_least(1) for name in ("dp", "tp", "pp", "ep", "cp", "dp_replicate", "micro_batches", "stages_per_rank",
@@ -40,6 +41,9 @@ class Config:
     model: ModelConfig | HFModel | CustomModel = field(default_factory=lambda: PRESETS["tiny"])
     """The model: the built-in one's shape (`ModelConfig.preset("tiny")` and friends), a Hugging Face architecture
     (`HFModel(config, weights=None)`) or a factory of your own (`CustomModel("pkg.module:factory", plan=...)`)."""
+    tokenizer: str | None = None
+    """A local tokenizer: a `tokenizers` tokenizer.json, or a Hugging Face tokenizer folder holding one (stored as
+    its absolute path); None: bytes, every byte a token (vocabulary 256). Its vocabulary must fit model.vocab_size."""
     dp: int = 1
     """Data-parallel degree: replicas (or ZeRO shards) that each see their own slice of the batch."""
     tp: int = 1
@@ -116,7 +120,10 @@ class Config:
         if not isinstance(self.model, (ModelConfig, HFModel, CustomModel)):
             raise refuse("model", f"expected a ModelConfig, HFModel or CustomModel, got {type(self.model).__name__}",
                          'pass model=wb.ModelConfig.preset("tiny"), wb.HFModel(config) or wb.CustomModel("pkg:fn")')
+        if isinstance(self.tokenizer, PurePath):
+            object.__setattr__(self, "tokenizer", str(self.tokenizer))  # JSON has no paths
         check_fields(self, _RANGES)
+        object.__setattr__(self, "tokenizer", check_tokenizer(self.tokenizer))
         rules.check(self)
 
     # -- derived ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from workbench.config import Config, ConfigError, CustomModel, HFModel, ModelConfig
 from workbench.config.model import BYTE_VOCAB
 from workbench.config.refusals import refuse
+from workbench.config.tokenizer import tokenizer_info
 from workbench.models.build import ModelSource, build, parameter_count
 from workbench.models.protocol import CausalLM, Unsupported
 from workbench.models.tp import tp_problems
@@ -86,10 +87,12 @@ def _check(cfg: Config, model: CausalLM) -> None:
         raise refuse("cp", f"context parallel cannot replace this model's attention: {support['cp']}", "set cp=1")
     if cfg.ep > 1:
         _check_experts(model, cfg.ep)
-    vocab = getattr(model.embedding_module, "num_embeddings", BYTE_VOCAB)
-    if vocab < BYTE_VOCAB:
-        raise refuse("model", f"the embedding has {vocab} rows and cannot embed the byte tokens",
-                     f"build the model with a vocabulary ≥ {BYTE_VOCAB}")
+    vocab = getattr(model.embedding_module, "num_embeddings", None)
+    needed = tokenizer_info(cfg.tokenizer).vocab_size if cfg.tokenizer is not None else BYTE_VOCAB
+    if vocab is not None and vocab < needed:
+        what = f"the tokenizer's {needed:,} tokens" if cfg.tokenizer is not None else "the byte tokens"
+        raise refuse("model", f"the embedding has {vocab:,} rows and cannot embed {what}",
+                     f"build the model with a vocabulary ≥ {needed:,}")
     if isinstance(cfg.model, HFModel) and cfg.model.weights is not None:
         check_weights(cfg.model, model)
     if isinstance(cfg.model, CustomModel):
