@@ -75,7 +75,8 @@ def parameters_on_meta() -> Iterator[None]:
     def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register(self, name, param)
         if param is not None and not param.is_meta:
-            self._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+            # nn.Parameter, not type(param): under FakeTensorMode (the tracer's) that type is a fake subclass.
+            self._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
     nn.Module.register_parameter = on_meta
     try:
