@@ -44,8 +44,9 @@ class RankSession:
     def capabilities(self) -> dict[str, Any]:
         return self.pool.run(_OnRanks("capabilities"))[0]
 
-    def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
-        return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh)[0]
+    def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool,
+              flops_per_token: float | None = None) -> dict[str, Any]:
+        return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh, flops_per_token)[0]
 
     def train(self, steps: int, run_id: str, saves: checkpoints.SaveSchedule | None) -> Handle:
         return self.pool.run_async(_OnRanks("train"), steps, run_id, saves)

@@ -194,7 +194,7 @@ class Workbench:
         self._prepare_data(cfg)
         phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
         with self._doing(phase):
-            info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
+            info = self.session.apply(cfg, self.corpus, self.telemetry, fresh, self._model_flops(cfg))
         resharded = bool(info["resharded"])
         self.store.start_run(cfg, self._next_step() if resharded else 0, continues=resharded, origin=origin, name=run,
                              predicted_memory=self._predicted_memory(cfg))
@@ -219,6 +219,20 @@ class Workbench:
         except ValueError as e:  # no text in it: the message says what to point it at
             raise ConfigError(f"corpus: {e}.") from None
         self._prepared = (self.corpus, cfg.tokenizer)
+
+    def _model_flops(self, cfg: Config) -> float | None:
+        """Model FLOPs per token of a model other than the built-in one, for the ranks' measured MFU: traced once
+        on fake tensors (cached; the estimate reads the same trace). None when it cannot be traced: no MFU then."""
+        if isinstance(cfg.model, ModelConfig) or not self.telemetry:
+            return None
+        try:
+            from workbench.tracing.estimate import traced_profile
+
+            profile = traced_profile(cfg.model, cfg.seq_len)
+        except Exception:  # noqa: BLE001 - a measurement aid; training goes on without it
+            log.warning("could not trace %s for its model FLOPs: no MFU measured", cfg.model.name, exc_info=True)
+            return None
+        return profile.per_token(profile.model_flops)
 
     def _predicted_memory(self, cfg: Config) -> dict[int, dict[str, int]]:
         """Each rank's memory as the estimator predicts it for `cfg` on these ranks' device, for the memory plot;

@@ -140,6 +140,12 @@ class HFModel:
         return _int_or_none(self.config, "num_key_value_heads", "num_attention_heads")
 
     @property
+    def head_dim(self) -> int | None:
+        """Width of one attention head: the config's, else hidden_size / num_attention_heads."""
+        explicit = _int_or_none(self.config, "head_dim")
+        return explicit or (self.dim // self.n_heads if self.dim and self.n_heads else None)
+
+    @property
     def hidden_dim(self) -> int | None:
         """The dense MLP's width, when the plan splits it (a mixture of experts' experts stay whole under tp)."""
         return None if self.n_experts else _int_or_none(self.config, "intermediate_size")
@@ -241,7 +247,8 @@ class CustomModel:
         return self.factory
 
     # What only the built model knows: the rules skip them, `workbench.models.check` reads the model instead.
-    n_layers = n_heads = kv_heads = hidden_dim = vocab_size = dim = max_seq_len = sliding_window = n_experts = None
+    n_layers = n_heads = kv_heads = head_dim = hidden_dim = vocab_size = dim = max_seq_len = None
+    sliding_window = n_experts = None
     tied_embeddings = False
 
     def same_weights(self, other: Any) -> bool:

@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config, ModelConfig
 from workbench.engine.materialize import materialize, on_device
+from workbench.flops import flops_per_token as model_flops
 from workbench.models.build import build
 from workbench.models.transformer import loss_fn, set_moe_aux_grad_scale
 from workbench.engine.mesh import mesh_axis
@@ -98,7 +99,7 @@ class Trainer:
     """One rank's share of a training run: model (parallelized), optimizers, loss scaler, step counters."""
 
     def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device | str, data: Batches,
-                 telemetry: bool = False) -> None:
+                 telemetry: bool = False, flops_per_token: float | None = None) -> None:
         cfg.check_world(dist.get_world_size())
         self.cfg, self.mesh, self.device, self.data = cfg, mesh, torch.device(device), data
         self.dp_rank, self.dp_size = mesh.get_local_rank("dp"), mesh["dp"].size()
@@ -136,6 +137,10 @@ class Trainer:
         self.skipped_steps = 0
         self.agreed = Agreed(loss=float("nan"))
         """The verdicts of the last step: read `agreed.stop` to end a training loop on every rank at once."""
+        self.flops_per_token = (model_flops(cfg.model, cfg.seq_len) if isinstance(cfg.model, ModelConfig)
+                                else flops_per_token)
+        """Model FLOPs of forward and backward per token (MFU's numerator): the built-in model's formula, another
+        model's as the notebook traced it; None when not known (then no MFU is measured)."""
         self.probe = StepProbe(self) if telemetry else NullProbe()
         """Measures each step (spans, memory by category, FLOPs) when telemetry is on; else does nothing."""
 

@@ -19,7 +19,7 @@ from workbench.config import Config, ConfigError, CustomModel, HFModel, ModelCon
 from workbench.config.model import BYTE_VOCAB
 from workbench.config.refusals import refuse
 from workbench.config.tokenizer import tokenizer_info
-from workbench.models.build import ModelSource, build, parameter_count
+from workbench.models.build import ModelSource, meta_model, parameter_count
 from workbench.models.protocol import CausalLM, Unsupported
 from workbench.models.tp import tp_problems
 from workbench.schedules import config_stages
@@ -41,10 +41,10 @@ class ModelFacts:
 
 
 @functools.lru_cache(maxsize=8)
-def meta_model(source: ModelSource) -> CausalLM:
+def checked_model(source: ModelSource) -> CausalLM:
     """`source`'s model on the meta device (cached: read it, do not change it); refusals as ConfigError."""
     try:
-        return build(source, seed=0).model
+        return meta_model(source)
     except Unsupported as e:
         raise as_refusal(e) from None
 
@@ -57,7 +57,7 @@ def as_refusal(error: Unsupported, field: str = "model") -> ConfigError:
 
 
 def describe(source: ModelSource) -> ModelFacts:
-    model = meta_model(source)
+    model = checked_model(source)
     return ModelFacts(name=source.name, params=parameter_count(model), blocks=len(model.block_modules),
                       support=model.layout_support())
 
@@ -68,7 +68,7 @@ def check_model(cfg: Config) -> None:
     if isinstance(cfg.model, ModelConfig):
         return
     try:
-        _check(cfg, meta_model(cfg.model))
+        _check(cfg, checked_model(cfg.model))
     except Unsupported as e:
         raise as_refusal(e) from None
 
@@ -134,7 +134,7 @@ def check_weights(source: HFModel, model: CausalLM) -> None:
 def check_forward(source: CustomModel) -> None:
     """A user's module small enough is built whole on the host (once per source): its own forward must give the
     logits the protocol's forward gives, or the workbench would train another model than the user's."""
-    model = meta_model(source)
+    model = checked_model(source)
     if parameter_count(model) > CHECKED_FORWARD_PARAMS:
         return
     from workbench.models.build import build_whole

@@ -67,11 +67,13 @@ def _on_host(module: nn.Module) -> nn.Module:
 class BuiltinInit:
     """The built-in transformer's values, replayed exactly as `build_model(cfg, seed)` draws them (module docstring)."""
 
-    def __init__(self, model: nn.Module, seed: int) -> None:
-        self.model, self.seed = model, seed
-        """`model`: the whole model on the meta device, as constructed (its module order is the draws' order)."""
+    def __init__(self, make: Callable[[], nn.Module], seed: int) -> None:
+        self.make, self.seed = make, seed
+        """`make()`: the whole model on the meta device, as constructed (its module order is the draws' order); made
+        afresh when values are asked for, since the model the ranks lay out changes under them."""
 
     def pieces(self, wanted: Mapping[str, Region]) -> Iterator[tuple[str, torch.Tensor]]:
+        self.model = self.make()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             with torch.no_grad():
@@ -91,15 +93,19 @@ def module_seed(seed: int, path: str) -> int:
 
 
 class ModuleInit:
-    """Each module's own parameters drawn by `initialise(module)` under a generator seeded by (seed, its path)."""
+    """Each module's own parameters drawn by `initialiser(model)(module)` under a generator seeded by (seed, its
+    path), `model` being made afresh on the meta device by `make()` (as `BuiltinInit`'s)."""
 
-    def __init__(self, model: nn.Module, seed: int, initialise: Callable[[nn.Module], None], how: str) -> None:
-        self.model, self.seed, self.initialise, self.how = model, seed, initialise, how
+    def __init__(self, make: Callable[[], nn.Module], seed: int,
+                 initialiser: Callable[[nn.Module], Callable[[nn.Module], None]], how: str) -> None:
+        self.make, self.seed, self.initialiser, self.how = make, seed, initialiser, how
         """`how` names the initialiser in a refusal ("transformers' _init_weights", "reset_parameters()")."""
 
     def pieces(self, wanted: Mapping[str, Region]) -> Iterator[tuple[str, torch.Tensor]]:
+        model = self.make()
+        initialise = self.initialiser(model)
         seen: set[int] = set()  # a tied parameter is drawn once, under the first module that holds it
-        for path, module in self.model.named_modules():
+        for path, module in model.named_modules():
             own = [(name, p) for name, p in direct_parameters(module) if id(p) not in seen]
             seen.update(id(p) for _, p in own)
             names = [f"{path}.{name}" if path else name for name, _ in own]
@@ -112,7 +118,7 @@ class ModuleInit:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(module_seed(self.seed, path))
                     try:
-                        self.initialise(host)
+                        initialise(host)
                     except Unsupported as e:
                         raise Unsupported(f"{path or 'the root'}: {e}") from None
             for full_name, (name, _) in zip(names, own):
