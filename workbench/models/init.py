@@ -85,6 +85,7 @@ class BuiltinInit:
                     type(self.model).init_parameter(self.model.cfg, name, value)
                     if name in wanted:
                         yield name, cut(value, wanted[name])
+                    del value  # before the next is drawn: one whole parameter at a time
 
 
 def module_seed(seed: int, path: str) -> int:
@@ -128,6 +129,7 @@ class ModuleInit:
                                       "whatever memory held; initialise it there")
                 if full_name in wanted:
                     yield full_name, cut(value.detach(), wanted[full_name])
+            del host, value  # before the next module is drawn: one module's parameters at a time
 
 
 def reset_parameters(module: nn.Module) -> None:
