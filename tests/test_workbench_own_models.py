@@ -10,17 +10,9 @@ import pytest
 import workbench as wb
 
 from tests.models.families import family
+from tests.test_workbench import bench  # noqa: F401 - the Workbench on the session's pool, closed after the test
 
 BASE = dict(batch_size=4, seq_len=16)
-
-
-@pytest.fixture
-def bench(pool):
-    bench = wb.Workbench(pool=pool)
-    yield bench
-    if bench.running:
-        bench.running.stop()
-    bench.close()
 
 
 def test_a_hugging_face_model_from_the_notebook(bench, tmp_path):

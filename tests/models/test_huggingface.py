@@ -92,3 +92,17 @@ def test_what_the_adapter_cannot_lay_out_is_refused_before_any_rank():
                  "final_logit_softcapping": 30.0})
     with pytest.raises(Unsupported, match="BertLMHeadModel: could not find its blocks"):
         build(HFModel({"model_type": "bert", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 256}), 0)
+
+
+def test_a_hugging_face_source_is_a_plain_value(tmp_path):
+    source = family("qwen3_moe")
+    cfg = Config(model=source, dp=2, ep=2, zero=2, seq_len=16)
+    data = cfg.to_dict()
+    assert data["model"]["source"] == "huggingface" and data["model"]["config"]["num_local_experts"] == 4
+    assert Config.from_dict(data) == cfg and hash(cfg) == hash(Config.from_dict(data))
+    (tmp_path / "config.json").write_text(__import__("json").dumps(source.config))
+    assert HFModel(tmp_path) == source  # a folder holding config.json is the same source
+    assert (source.n_layers, source.n_heads, source.kv_heads, source.head_dim, source.n_experts) == (4, 4, 2, 8, 4)
+    assert repr(source) == "HFModel(qwen3_moe: 4 layers, hidden 32)"
+    with pytest.raises(ConfigError, match="model.kwargs|model.colour: unknown field"):
+        Config.from_dict({**data, "model": {**data["model"], "colour": "red"}})

@@ -188,10 +188,7 @@ class HFModel:
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> HFModel:
-        unknown = set(data) - {"source", "config", "weights"}
-        if unknown:
-            raise refuse(f"model.{sorted(unknown)[0]}", f"unknown field(s) {sorted(unknown)} for HFModel",
-                         "use config and weights")
+        _known_fields(data, cls, ("config", "weights"))
         return cls(data.get("config"), weights=data.get("weights"))
 
 
@@ -260,11 +257,15 @@ class CustomModel:
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> CustomModel:
-        unknown = set(data) - {"source", "factory", "plan", "parts", "kwargs"}
-        if unknown:
-            raise refuse(f"model.{sorted(unknown)[0]}", f"unknown field(s) {sorted(unknown)} for CustomModel",
-                         "use factory, plan, parts and kwargs")
+        _known_fields(data, cls, ("factory", "plan", "parts", "kwargs"))
         return cls(data.get("factory"), plan=data.get("plan"), parts=data.get("parts"), **(data.get("kwargs") or {}))
+
+
+def _known_fields(data: dict[str, Any], cls: type, fields: tuple[str, ...]) -> None:
+    unknown = sorted(set(data) - {"source", *fields})
+    if unknown:
+        raise refuse(f"model.{unknown[0]}", f"unknown field(s) {unknown} for {cls.__name__}",
+                     f"use {', '.join(fields)}")
 
 
 SOURCES = {HF: HFModel, CUSTOM: CustomModel}
