@@ -127,3 +127,27 @@ def unscaled(vocab: int = 256, dim: int = 32) -> nn.Module:
 
 def no_blocks(vocab: int = 256, dim: int = 32) -> nn.Module:
     return nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, vocab))
+
+
+class ListMoE(nn.Module):
+    """A mixture of experts written the plain way: a router and a list of experts, each called on its tokens."""
+
+    def __init__(self, dim: int, n: int = 4) -> None:
+        super().__init__()
+        self.router = nn.Linear(dim, n, bias=False)
+        self.experts = nn.ModuleList(MLP(dim) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            mask = choice == e
+            out[mask] = expert(x[mask])
+        return out
+
+
+def list_moe(vocab: int = 256, dim: int = 32, layers: int = 2, heads: int = 4) -> TinyGPT:
+    model = TinyGPT(vocab, dim, layers, heads)
+    for block in model.h:
+        block.mlp = ListMoE(dim)
+    return model

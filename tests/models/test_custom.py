@@ -39,6 +39,7 @@ def test_parts_are_found_and_the_forward_is_the_modules_own():
     ("tiny_gpt", {"plan": {"h.*.attn.qkv": "colwise"}}, "model", "plan entry 'h.\\*.attn.qkv' names no module"),
     ("tiny_gpt", {"plan": {"h.*.attn.q": "diagonal"}}, "tp", "unknown style 'diagonal'"),
     ("tiny_gpt", {}, "ep", "ep=2 splits experts, but the model is dense|model has none"),
+    ("list_moe", {}, "ep", "h.0.mlp.experts: the experts are a list of modules the layer calls one by one"),
     ("nowhere", {}, "model", "cannot import|has no callable"),
 ])
 def test_what_cannot_be_laid_out_is_refused_naming_it(factory, kwargs, field, message):
