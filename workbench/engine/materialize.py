@@ -8,7 +8,8 @@ expert slice, or the whole tensor). Drawn values cost one whole parameter at a t
 checkpoint's safetensors) only the piece. No rank ever holds the whole model when the layout shards it.
 
 Buffers are not parameters: they were built for real (rotary tables, scales derived from the config) and are put
-back as they were after `to_empty`, which would otherwise leave them uninitialised.
+back as they were after `to_empty`, which would otherwise leave them uninitialised. Parameters go to `device`: the
+compute device, or the host where FSDP2 offloads its shards (Config.offload with ZeRO 2/3).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def materialize(modules: list[nn.Module], values: InitialValues, device: torch.d
                    if buffer is not None]
         module.to_empty(device=device)
         for owner, name, buffer in buffers:
-            owner._buffers[name] = buffer.to(device)
+            owner._buffers[name] = buffer  # as built, where `on_device` put it
         shards = expert_shards(module, bare_name)
         for name, param in module.named_parameters():
             name = bare_name(name)

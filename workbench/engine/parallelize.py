@@ -9,7 +9,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.mesh import mesh_axis
-from workbench.models.protocol import CausalLM
 from workbench.engine.parallel.compile import apply_compile
 from workbench.engine.parallel.context import apply_cp
 from workbench.engine.parallel.data_parallel import apply_dp, gradient_mesh
@@ -17,6 +16,7 @@ from workbench.engine.parallel.expert import apply_ep
 from workbench.engine.parallel.float8 import apply_float8
 from workbench.engine.parallel.recompute import apply_ac
 from workbench.engine.parallel.tensor import apply_tp
+from workbench.models.protocol import CausalLM
 
 
 def parallelize(model: CausalLM, mesh: DeviceMesh, cfg: Config,

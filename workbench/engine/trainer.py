@@ -109,10 +109,12 @@ class Trainer:
         # Every rank builds the model on the meta device and fills in only its own pieces, from the same initial
         # values (the seed's draws, or the source's weights): every layout starts from the same weights.
         built = build(cfg.model, cfg.seed)
+        # FSDP2's CPUOffloadPolicy keeps the shards on the host; everything else lives on the device.
+        shards_at = torch.device("cpu") if cfg.offload and cfg.zero >= 2 else self.device
 
         def lay_out(model: nn.Module) -> nn.Module:
             return parallelize(on_device(model, self.device), mesh, cfg,
-                               materialize=lambda m: materialize([m], built.values, self.device))
+                               materialize=lambda m: materialize([m], built.values, shards_at))
 
         self.pipeline = None
         if cfg.pp > 1:
