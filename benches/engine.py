@@ -32,7 +32,7 @@ PLAIN_LOOP = textwrap.dedent('''
     from torch.nn.parallel import DistributedDataParallel as DDP
     from workbench.config import Config
     from workbench.engine.data import TokenData
-    from workbench.engine.model import build_model, loss_fn
+    from workbench.models.transformer import build_model, loss_fn
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     cfg, steps = Config(dp=2), int(sys.argv[1])

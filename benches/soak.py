@@ -31,7 +31,7 @@ def layouts(preset: str) -> list[wb.Config]:
 
 
 def full_parameter_bytes(preset: str) -> int:
-    from workbench.engine.model import build_model
+    from workbench.models.transformer import build_model
 
     return sum(p.numel() * p.element_size() for p in build_model(wb.ModelConfig.preset(preset), 0).parameters())
 

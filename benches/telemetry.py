@@ -194,7 +194,7 @@ def probe_costs() -> list[tuple[str, int, float]]:
     """
     import torch
 
-    from workbench.engine.model import loss_fn
+    from workbench.models.transformer import loss_fn
     from workbench.engine.session import current
     from workbench.pool import rank
     from workbench.telemetry import activations, analysis, probes

@@ -7,6 +7,7 @@ import os
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test downloads anything (model configs are built from classes)
 # No warm standby for the pools tests make (each would prepare a second set of ranks on 2 busy cores); the tests
 # of restart and recovery, and the shared 2-rank pool that tests break and restart, ask for one.
 os.environ.setdefault("WORKBENCH_STANDBY", "0")

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from workbench import links
 from workbench.config import Config, ModelConfig
-from workbench.engine.model import build_model, loss_fn
+from workbench.models.transformer import build_model, loss_fn
 from workbench.estimate import ASSUMPTIONS, GPU_ASSUMPTIONS, Estimate, estimate, flops_per_token
 from workbench.hardware import A100, DATASHEETS, H100, H200, Hardware, cpu_with_peak, measure_cpu, profile, si
 

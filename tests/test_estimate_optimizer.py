@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench.config import Config, ModelConfig
-from workbench.engine.model import build_model, loss_fn
+from workbench.models.transformer import build_model, loss_fn
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.estimate import estimate
 

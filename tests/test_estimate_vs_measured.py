@@ -197,7 +197,7 @@ def _kept_by_forward(cfg: Config) -> int:
 
     import torch
 
-    from workbench.engine.model import build_model, loss_fn
+    from workbench.models.transformer import build_model, loss_fn
     from workbench.engine.parallel.recompute import apply_ac
     from workbench.telemetry.activations import ActivationMeter
 

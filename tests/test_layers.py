@@ -28,6 +28,9 @@ LAYER_OF = {
     "workbench.checkpoints": "pure values",  # the checkpoint format: manifest, layout, content-addressed chunks
     # predictions
     "workbench.estimate": "predictions", "workbench.plan": "predictions",
+    # models: definitions and the protocol the engine lays out; torch and transformers, no distribution, no
+    # processes, so that the notebook can build a model on the meta device (to trace it) without the engine
+    "workbench.models": "models",
     # control plane
     "workbench.pool": "control plane",
     # rank side
@@ -55,13 +58,14 @@ MAY_IMPORT = {
     "pure values": {"pure values"},
     "predictions": {"pure values", "predictions"},
     "control plane": {"pure values", "control plane"},
+    "models": {"pure values", "models"},
     # rank side: never engine ← telemetry, never engine → emulation, never the estimator on a rank
     "telemetry": {"pure values", "control plane", "telemetry"},
     "emulation": {"pure values", "control plane", "telemetry", "emulation"},
-    "engine": {"pure values", "control plane", "telemetry", "engine"},
-    "notebook side": {*BELOW, "telemetry", "emulation", "engine", "notebook side"},
+    "engine": {"pure values", "control plane", "telemetry", "models", "engine"},
+    "notebook side": {*BELOW, "models", "telemetry", "emulation", "engine", "notebook side"},
     "screen": {"pure values", "predictions", "telemetry", "notebook side", "screen"},
-    "entry points": {*BELOW, "telemetry", "emulation", "engine", "notebook side", "screen", "entry points"},
+    "entry points": {*BELOW, "models", "telemetry", "emulation", "engine", "notebook side", "screen", "entry points"},
 }
 
 NOT_WITHIN = {("workbench.schedules", "workbench.config"): "config imports schedules, not the other way"}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench.config import Config, ConfigError, ModelConfig
-from workbench.engine.model import FeedForward, MoEFeedForward, build_model, moe_aux_loss, moe_routing
+from workbench.models.transformer import FeedForward, MoEFeedForward, build_model, moe_aux_loss, moe_routing
 
 MOE = ModelConfig.preset("tiny-moe")
 
@@ -136,7 +136,7 @@ def test_moe_flops_per_token_agree_with_the_flop_counter():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from workbench.engine.model import loss_fn
+    from workbench.models.transformer import loss_fn
     from workbench.estimate import flops_per_token
 
     cfg = dataclasses.replace(MOE, capacity_factor=2.0, shared_expert=True)
@@ -151,7 +151,7 @@ def test_moe_flops_per_token_agree_with_the_flop_counter():
 def test_the_balancing_loss_trains_through_the_layers_output_weighted_as_the_loss():
     # Megatron's MoEAuxLossAutoScaler: loss.backward() alone gives the gradient of loss + aux (the router's balancing
     # term included), and with the aux gradient scaled by s that of s·(loss + aux), as a scaled loss's backward gives.
-    from workbench.engine.model import loss_fn, set_moe_aux_grad_scale
+    from workbench.models.transformer import loss_fn, set_moe_aux_grad_scale
 
     m = dataclasses.replace(MOE, moe_every=2)
     tokens = torch.randint(0, m.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))

@@ -53,7 +53,7 @@ class FakeSession:
         self.log.append(("snapshot", self.next_step))
         return [{"next_step": self.next_step, "rng": None, "state": {"at": self.next_step}}]
 
-    def apply(self, cfg, corpus, telemetry, fresh):
+    def apply(self, cfg, corpus, telemetry, fresh, flops_per_token=None):
         self.log.append(("apply", fresh))
 
     def restore(self, snapshot):

@@ -72,7 +72,7 @@ def test_a_trace_allocates_nothing():
     psutil = pytest.importorskip("psutil")
     model = wb.ModelConfig.preset("1b")
     before = psutil.Process().memory_info().rss
-    p = trace(lambda: __import__("workbench.engine.model", fromlist=["Transformer"]).Transformer(model), seq_len=512)
+    p = trace(lambda: __import__("workbench.models.transformer", fromlist=["Transformer"]).Transformer(model), seq_len=512)
     grew = psutil.Process().memory_info().rss - before
     assert p.params == model.num_params and grew < 1e9, f"grew {grew / 1e9:.2f} GB"
 

@@ -6,7 +6,7 @@
     bench.train(steps=100).wait()
 """
 
-from workbench.config import Config, ConfigError, ModelConfig
+from workbench.config import Config, ConfigError, CustomModel, HFModel, ModelConfig
 from workbench.emulation import Cluster
 from workbench.estimate import Estimate
 from workbench.hardware import Hardware
@@ -18,7 +18,7 @@ from workbench.telemetry.runs import LayoutChange
 from workbench.training import Run
 from workbench.workbench import Workbench
 
-__all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
+__all__ = ["Config", "ConfigError", "ModelConfig", "HFModel", "CustomModel", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "RankFrozen", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
            "Hardware", "plan", "Plan", "Cluster"]
 __version__ = "0.1.0"

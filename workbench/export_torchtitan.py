@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from workbench.config import FP8, PRESETS, Config
+from workbench.config import FP8, PRESETS, Config, CustomModel, HFModel
 from workbench.config.tokenizer import tokenizer_path
 from workbench.launch import Launch, node_preamble
 from workbench.schedules import config_stages
@@ -38,7 +38,16 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
     missing: list[str] = []
     preset = next((name for name, m in PRESETS.items() if m == cfg.model), None)
     flavor = _TITAN_FLAVORS.get(preset or "")
-    if flavor is None:
+    if isinstance(cfg.model, HFModel):
+        missing.append(f"the model is Hugging Face's {cfg.model.model_type} ({cfg.model.name}): torchtitan trains its "
+                       "own model definitions (llama3, llama4, qwen3, deepseek_v3), not a transformers module, so "
+                       "llama3's flavor 8B is written in its place; its weights (if any) load into torchtitan only "
+                       "through its own checkpoint conversion. python -m workbench.train (run.sh) trains this model")
+    elif isinstance(cfg.model, CustomModel):
+        missing.append(f"the model is your own module ({cfg.model.factory}): torchtitan trains only the models "
+                       "registered with it (a TrainSpec), so llama3's flavor 8B is written in its place. "
+                       "python -m workbench.train (run.sh) trains this model")
+    elif flavor is None:
         missing.append(f"model shape {preset or 'custom'} ({cfg.model.num_params:,} parameters, vocab "
                        f"{cfg.model.vocab_size}): torchtitan's llama3 flavors are fixed shapes with a trained "
                        "tokenizer; flavor 8B is written, edit it or add a flavor")
@@ -124,8 +133,9 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
         layout["parallelism.pipeline_parallel_schedule"] = _TITAN_SCHEDULE[cfg.schedule]
         layout["parallelism.pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
         if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
-            per_stage = cfg.model.n_layers // (cfg.pp * config_stages(cfg))
-            layout["parallelism.pipeline_parallel_layers_per_stage"] = per_stage
+            per_stage = (cfg.model.n_layers or 0) // (cfg.pp * config_stages(cfg))
+            if per_stage:
+                layout["parallelism.pipeline_parallel_layers_per_stage"] = per_stage
     # AdamW as the workbench runs it (torch's defaults but lr and weight decay), at a constant learning rate: no
     # warm-up, and a decay whose floor is the learning rate itself.
     adamw = "optimizer.param_groups.0.optimizer_kwargs"
@@ -215,8 +225,9 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         pp_lines = [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULE[cfg.schedule]}"',
                     f"pipeline_parallel_microbatch_size = {cfg.micro_batch_size}"]
         if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
-            pp_lines.append(f"pipeline_parallel_layers_per_stage = "
-                            f"{cfg.model.n_layers // (cfg.pp * config_stages(cfg))}")
+            if cfg.model.n_layers:
+                pp_lines.append(f"pipeline_parallel_layers_per_stage = "
+                                f"{cfg.model.n_layers // (cfg.pp * config_stages(cfg))}")
     lines = [
         f"# torchtitan job nearest to the workbench layout {cfg.layout} ({cfg.world_size} ranks).",
         "# Run with torchtitan's run_train.sh / torchrun; see the notes at the end for what differs.",

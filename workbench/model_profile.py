@@ -105,6 +105,13 @@ class ModelProfile:
     def block(self, layer: int) -> BlockProfile:
         return self.kinds[self.blocks[layer]]
 
+    @property
+    def model_flops(self) -> float:
+        """Model FLOPs of one sequence (what MFU divides by): every block's forward and backward once, the head's,
+        no recomputation."""
+        blocks = sum(self.block(i).forward_flops + self.block(i).backward_flops for i in range(self.n_layers))
+        return blocks + self.head_forward_flops + self.head_backward_flops
+
     def per_token(self, figure: float) -> float:
         """A per-sequence figure per token."""
         return figure / self.seq_len

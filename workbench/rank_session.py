@@ -75,11 +75,15 @@ class RankSession:
         """Have every rank's session call `observer(metrics, cfg)` after each step (`engine.session.observe_steps`)."""
         self.pool.run(_OnRanks("observe_steps"), observer)
 
-    def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool) -> dict[str, Any]:
-        return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh)[0]
+    def apply(self, cfg: Config, corpus: str | Path | None, telemetry: bool, fresh: bool,
+              flops_per_token: float | None = None) -> dict[str, Any]:
+        return self.pool.run(_OnRanks("apply"), cfg, corpus, telemetry, fresh, flops_per_token)[0]
 
     def train(self, steps: int, run_id: str, saves: checkpoints.SaveSchedule | None) -> Handle:
         return self.pool.run_async(_OnRanks("train"), steps, run_id, saves)
+
+    def export_hf(self, directory: str, max_shard_bytes: int) -> list[str]:
+        return self.pool.run(_OnRanks("export_hf"), directory, max_shard_bytes)[0]
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every rank's part of the training state, for the notebook to hold (`workbench.recovery`)."""

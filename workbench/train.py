@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Config
+from workbench.config import Config, ModelConfig
 
 
 def world_from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -168,6 +168,10 @@ def save(directory: str, keep: int | None, nonce: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = Config.load(args.config)  # refused here, before any process group, if it is invalid
+    if not isinstance(cfg.model, ModelConfig):
+        from workbench.models.check import check_model
+
+        check_model(cfg)  # a model source is built on the meta device and refused as a notebook would
     world = world_from_env()
     cfg.check_world(world["world_size"])
     from workbench import checkpoints

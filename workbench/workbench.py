@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from workbench import checkpointing, checkpoints, kernel, training
 from workbench.compare import predicted_memory_on
-from workbench.config import Config, ConfigError, keeps_weights
+from workbench.config import Config, ConfigError, HFModel, ModelConfig, keeps_weights
 from workbench.corpus import check_corpus
 from workbench.emulated import Emulation
 from workbench.emulation import Cluster
@@ -28,6 +29,9 @@ from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.runs import LayoutChange, RunRecord
 from workbench.telemetry.store import TelemetryStore
 from workbench.training import Run
+
+log = logging.getLogger(__name__)
+
 
 class Workbench:
     """A pool of ranks holding one model that notebook cells configure, train and inspect.
@@ -95,6 +99,10 @@ class Workbench:
         if not isinstance(cfg, Config):
             raise ConfigError(f"config: expected a wb.Config, got {type(cfg).__name__}. Fix: pass wb.Config(...).")
         cfg.check_world(self.pool.world_size)
+        if not isinstance(cfg.model, ModelConfig):
+            from workbench.models.check import check_model  # torch here only for another model source
+
+            check_model(cfg)  # built on the meta device: what only the model itself can refuse
         caps = self.capabilities
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
                          cuda=caps["device"].startswith("cuda"))
@@ -121,7 +129,7 @@ class Workbench:
         self._prepare_data(cfg)
         phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
         with self._doing(phase):
-            info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
+            info = self.session.apply(cfg, self.corpus, self.telemetry, fresh, self._model_flops(cfg))
         self.emulation.applied(cfg)
         resharded = bool(info["resharded"])
         self.store.start_run(cfg, training.next_step(self) if resharded else 0, continues=resharded, origin=origin,
@@ -147,6 +155,20 @@ class Workbench:
         except ValueError as e:  # no text in it: the message says what to point it at
             raise ConfigError(f"corpus: {e}.") from None
         self._prepared = (self.corpus, cfg.tokenizer)
+
+    def _model_flops(self, cfg: Config) -> float | None:
+        """Model FLOPs per token of a model other than the built-in one, for the ranks' measured MFU: traced once
+        on fake tensors (cached; the estimate reads the same trace). None when it cannot be traced: no MFU then."""
+        if isinstance(cfg.model, ModelConfig) or not self.telemetry:
+            return None
+        try:
+            from workbench.tracing.estimate import traced_profile
+
+            profile = traced_profile(cfg.model, cfg.seq_len)
+        except Exception:  # noqa: BLE001 - a measurement aid; training goes on without it
+            log.warning("could not trace %s for its model FLOPs: no MFU measured", cfg.model.name, exc_info=True)
+            return None
+        return profile.per_token(profile.model_flops)
 
     @contextlib.contextmanager
     def _doing(self, phase: str) -> Iterator[None]:
@@ -250,6 +272,20 @@ class Workbench:
         if self.corpus is not None:
             launch.setdefault("corpus", str(self.corpus))
         return export(cfg, directory, **launch)
+
+    def export_hf(self, path: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> list[Path]:
+        """Write the trained Hugging Face model (an `HFModel`) into folder `path` as transformers reads it:
+        safetensors (sharded past `max_shard_bytes`, with its index) and config.json; returns the files.
+        `wb.HFModel(path, weights=path)` loads it back bit for bit, in any layout."""
+        self._require_idle("export the model")
+        if self.config is None:
+            raise RuntimeError("nothing to export: call bench.apply(wb.Config(model=wb.HFModel(...))) first")
+        if not isinstance(self.config.model, HFModel):
+            raise ConfigError(f"model: export_hf writes a Hugging Face checkpoint, and the model is a "
+                              f"{type(self.config.model).__name__}. Fix: use bench.save(path) for a workbench "
+                              "checkpoint")
+        folder = Path(path).expanduser().resolve()
+        return [Path(p) for p in self.session.export_hf(str(folder), max_shard_bytes)]
 
     def emulate(self, cluster: Cluster | str | None) -> str:
         """Stand for another cluster from now on (None: this machine's own links); returns `links`.

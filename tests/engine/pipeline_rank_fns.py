@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tests.engine.rank_fns import reference_run
 from workbench.config import Config
 from workbench.engine.mesh import build_mesh
-from workbench.engine.model import build_model, loss_fn
+from workbench.models.transformer import build_model, loss_fn
 from workbench.engine.parallel.pipeline import build_pipeline
 
 

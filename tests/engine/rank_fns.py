@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.mesh import build_mesh
-from workbench.engine.model import build_model, loss_fn, moe_aux_loss, moe_routing, set_moe_aux_grad_scale
+from workbench.models.transformer import build_model, loss_fn, moe_aux_loss, moe_routing, set_moe_aux_grad_scale
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.precision import DTYPES
 from workbench.engine.reshard import export_full_state, import_full_state

@@ -183,7 +183,7 @@ def test_fp8_converts_the_block_linears_only(one_gpu):
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
-    from workbench.engine.model import build_model
+    from workbench.models.transformer import build_model
     from workbench.engine.parallel.float8 import apply_float8
 
     model = apply_float8(build_model(GPU.model, 0).cuda(), GPU.replace(precision="fp8_rowwise"))
@@ -203,7 +203,7 @@ def test_fp8_tensorwise_composes_with_fsdp2_and_its_scale_precompute(one_gpu):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from workbench.engine.model import build_model, loss_fn
+    from workbench.models.transformer import build_model, loss_fn
     from workbench.engine.parallel.float8 import after_optimizer_step, apply_float8
 
     cfg = GPU.replace(dp=2, zero=3, precision="fp8_tensorwise")  # the layout whose path this is (world 1 here)

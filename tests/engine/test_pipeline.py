@@ -21,7 +21,7 @@ from tests.engine.test_moe import STEPS as MOE_STEPS
 from tests.engine.test_reshard import check_chain
 from tests.engine.test_reshard import plan as reshard_plan
 from workbench.config import Config
-from workbench.engine.model import build_model
+from workbench.models.transformer import build_model
 from workbench.engine.parallel.pipeline import model_chunk
 from workbench.schedules import (
     SPLIT_BACKWARD,

@@ -81,7 +81,7 @@ def fsdp_mixed_precision_reference(cfg: Config, steps: int) -> list[float]:
     import torch
 
     from tests.engine.rank_fns import SyntheticData
-    from workbench.engine.model import build_model, loss_fn
+    from workbench.models.transformer import build_model, loss_fn
 
     master = build_model(cfg.model, cfg.seed)
     opt = torch.optim.AdamW(master.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -32,7 +32,7 @@ def train_and_measure(cfg: Config, steps: int = 2) -> dict:
         inner = getattr(opt, "optim", opt)
         for state in inner.state_dict()["state"].values():
             opt_state += sum(_local(v).nbytes for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
-    full = sum(p.numel() * 4 for p in __import__("workbench.engine.model", fromlist=["x"]).build_model(
+    full = sum(p.numel() * 4 for p in __import__("workbench.models.transformer", fromlist=["x"]).build_model(
         cfg.model, cfg.seed).parameters())
     # The buffers torch's pipeline stages receive activations and gradients into (private in torch 2.13).
     receive = 0

@@ -111,7 +111,7 @@ class FakeSession:
     def capabilities(self) -> dict[str, Any]:
         return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": False}
 
-    def apply(self, cfg: Any, corpus: Any, telemetry: bool, fresh: bool) -> dict[str, Any]:
+    def apply(self, cfg: Any, corpus: Any, telemetry: bool, fresh: bool, flops_per_token: Any = None) -> dict[str, Any]:
         # Like the ranks: the trained model is resharded unless a new one is asked for or its shape changed.
         resharded = bool(self.applied) and not fresh and self.applied[-1].model == cfg.model
         if not resharded:

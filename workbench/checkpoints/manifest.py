@@ -8,7 +8,6 @@ one is committed (a save never writes what a load would refuse).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -155,7 +154,8 @@ FIELDS: dict[str, Callable[[Any], str | None]] = {
 
 # -- Config as JSON -------------------------------------------------------------------------------------
 def config_to_json(cfg: Config) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """As config.json holds it (`Config.to_dict`): a model source in its own shape, read back by `Config.from_dict`."""
+    return cfg.to_dict()
 
 
 def config_from_json(data: dict[str, Any]) -> Config:

@@ -2,6 +2,7 @@
 
 - `run.py`        `Config`: the flat, keyword-only value every lane reads (`cfg.dp`, `cfg.zero`, ...).
 - `model.py`      `ModelConfig` (the model's shape, validating itself) and the named `PRESETS`.
+- `sources.py`    the other model sources: `HFModel` (a Hugging Face config, weights) and `CustomModel` (a factory).
 - `params.py`     parameter counts of a shape: the one home for them (total, per block, matmul, MoE stored/active).
 - `degrees.py`    `Degrees` (pp, dp_replicate, dp_shard, cp, tp, ep) and the pure `MeshLayout` they make.
 - `rules.py`      the rules across fields (`RULES`, in order), each refusal naming the field and a fix.
@@ -44,10 +45,11 @@ from workbench.config.help_text import (
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import ConfigError
 from workbench.config.run import Config, keeps_weights
+from workbench.config.sources import CustomModel, HFModel
 
 __all__ = [
     "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
-    "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
+    "ConfigError", "CustomModel", "HFModel", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
     "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
     "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors", "keeps_weights",
 ]

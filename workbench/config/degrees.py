@@ -183,19 +183,21 @@ class Degrees:
                          "(changing the number of ranks needs a new Workbench(world_size=...))")
 
     def check_model(self, model: ModelConfig, stages_per_rank: int = 1) -> None:
-        """Refuse degrees that do not split `model` evenly; `stages_per_rank` is the pipeline chunks per rank."""
+        """Refuse degrees that do not split `model` evenly; `stages_per_rank` is the pipeline chunks per rank.
+        A shape a model source does not know before it is built (None: a user's factory) is checked on the built
+        model instead (`workbench.models.check`)."""
         tp = self.tp
-        if model.n_heads % tp:
+        if model.n_heads is not None and model.n_heads % tp:
             raise refuse("tp", f"tp={tp} does not divide model.n_heads={model.n_heads}",
                          f"choose tp among {divisors(model.n_heads)}")
-        if model.kv_heads % tp:
+        if model.kv_heads is not None and model.kv_heads % tp:
             raise refuse("tp", f"tp={tp} does not divide the key/value heads ({model.kv_heads})",
                          f"choose tp among {divisors(model.kv_heads)}")
-        if model.hidden_dim % tp:
+        if model.hidden_dim is not None and model.hidden_dim % tp:
             raise refuse("tp", f"tp={tp} does not divide the MLP width ({model.hidden_dim})",
                          "choose a tp dividing model.hidden_dim")
         chunks = self.pp * stages_per_rank
-        if model.n_layers % chunks:
+        if model.n_layers is not None and model.n_layers % chunks:
             what = f"pp={self.pp}" if chunks == self.pp else f"pp·stages_per_rank={chunks}"
             raise refuse("pp", f"{what} does not divide model.n_layers={model.n_layers}",
                          f"choose pp (times stages_per_rank for interleaved) among {divisors(model.n_layers)}")

@@ -16,7 +16,7 @@ from workbench.config.refusals import at_least, check_fields, positive, refuse
 BYTE_VOCAB = 256
 """Tokens are bytes (engine/data.py): a vocabulary smaller than this cannot embed the data."""
 ROTARY_TABLE_LIMIT_BYTES = 256 * 2**20
-"""Bound on max_seq_len through the rotary table every rank builds for it (engine/model.py): 4·head_dim bytes per
+"""Bound on max_seq_len through the rotary table every rank builds for it (models/transformer.py): 4·head_dim bytes per
 position kept (fp32 cos and sin), about six times that while it is built (float64 angles, cos, sin, their stack).
 256 MiB kept (~1.5 GiB while built) is 524,288 positions at head_dim 128, beyond the contexts published models train
 with, and fails fast instead of running a rank out of memory."""
@@ -58,6 +58,11 @@ class ModelConfig:
     shared_expert: bool = False
     """Add one dense SwiGLU expert that every token goes through, beside the routed ones."""
 
+    sliding_window = None
+    """Not a field: the built-in attention sees the whole past (model sources with a window say so, `sources.py`)."""
+    tied_embeddings = False
+    """Not a field: the output head has its own weight."""
+
     def __post_init__(self) -> None:
         check_fields(self, _RANGES, prefix="model.")
         self._check_heads()
@@ -97,7 +102,7 @@ class ModelConfig:
         """Whether `other` describes the same parameters: equal but for the routing settings (top_k,
         capacity_factor, aux_loss_coef), which change how experts are used, not what they are."""
         routing = {"top_k", "capacity_factor", "aux_loss_coef"}
-        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
+        return isinstance(other, ModelConfig) and all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
                    if f.name not in routing)
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -145,6 +150,15 @@ class ModelConfig:
     def active_params(self) -> int:
         """Parameters one token uses: a MoE FFN counts its router, top_k experts and the shared expert."""
         return params.active_params(self)
+
+    @property
+    def name(self) -> str:
+        """Display name: a preset's when the shape is one (routing settings aside), else the shape in brief."""
+        preset = next((n for n, m in PRESETS.items() if m.same_weights(self) and m.n_experts == self.n_experts), None)
+        if preset is not None:
+            return preset
+        experts = f", {self.n_experts} experts" if self.n_experts else ""
+        return f"dim {self.dim} × {self.n_layers} layers{experts}"
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:

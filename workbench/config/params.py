@@ -1,6 +1,6 @@
 """Parameter counts of a model shape: the one home for them (the estimator, the plan, the UI and the tests read these).
 
-Counted from the shapes the engine builds (engine/model.py): per block
+Counted from the shapes the engine builds (models/transformer.py): per block
 wq, wk, wv, wo and a SwiGLU (w1, w2, w3), two RMSNorm weights; an embedding
 and an untied output head; a final norm. A mixture-of-experts FFN replaces the
 SwiGLU by a router (dim × n_experts), n_experts SwiGLU experts and, if asked,

@@ -90,6 +90,12 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return
+        kinds = [a for a in args if dataclasses.is_dataclass(a)]
+        if len(kinds) > 1:  # one of several values (Config.model: a ModelConfig or another model source)
+            if not isinstance(value, tuple(kinds)):
+                names = " or ".join(k.__name__ for k in kinds)
+                raise refuse(name, f"expected a {names}, got {type(value).__name__}", f"pass a {names}")
+            return
         hint = next(a for a in args if a is not type(None))  # X | None: check as X
         origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:

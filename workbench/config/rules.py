@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from workbench.config.degrees import divisors
 from workbench.config.choices import FP8
+from workbench.config.model import ModelConfig
 from workbench.config.refusals import refuse
 from workbench.config.tokenizer import tokenizer_info
 from workbench.schedules import MULTI_STAGE, V_SHAPED, config_stages, splits_backward
@@ -39,8 +40,14 @@ def hsdp_splits_the_data_parallel_ranks(cfg: Config) -> None:
 
 
 def context_parallel_splits_sequences(cfg: Config) -> None:
-    """cp cuts every sequence; a mixture of experts routes whole sequences (its routing group and capacity)."""
-    if cfg.cp > 1 and cfg.model.n_experts:
+    """cp cuts every sequence; the built-in mixture of experts routes whole sequences (its routing group and
+    capacity); the ring computes whole causal attention, which a sliding window shorter than the sequence is not."""
+    window = cfg.model.sliding_window
+    if cfg.cp > 1 and window is not None and window < cfg.seq_len:
+        raise refuse("cp", f"cp={cfg.cp}: the ring exchange computes causal attention over the whole sequence, but "
+                     f"the model attends within a sliding window of {window} < seq_len={cfg.seq_len}",
+                     f"set cp=1, or seq_len ≤ {window}")
+    if cfg.cp > 1 and isinstance(cfg.model, ModelConfig) and cfg.model.n_experts:
         raise refuse("cp", f"cp={cfg.cp} splits each sequence across ranks, but a mixture of experts routes whole "
                      "sequences (its capacity and balancing loss are per sequence), so the split would change the model",
                      "set cp=1 with a mixture of experts, or use a dense model")
@@ -52,10 +59,21 @@ def degrees_fit_the_model(cfg: Config) -> None:
     cfg.degrees.check_sequence(cfg.seq_len)
 
 
+def tied_embeddings_stay_whole(cfg: Config) -> None:
+    """A head that shares the embedding's weight: one tensor, which pp would put on two stages and tp split twice."""
+    if cfg.model.tied_embeddings and (cfg.pp > 1 or cfg.tp > 1):
+        axis = "pp" if cfg.pp > 1 else "tp"
+        where = ("on the first and the last pipeline stage" if axis == "pp"
+                 else "split by the embedding's and the head's plans alike")
+        raise refuse(axis, f"{axis}={getattr(cfg, axis)}: the model's head shares the embedding's weight "
+                     f"(tie_word_embeddings), which would have to live {where}",
+                     f"set {axis}=1, or tie_word_embeddings=False in the model's config")
+
+
 def v_schedule_splits_the_layers(cfg: Config) -> None:
     """ZBV and DualPipeV hold two stages per rank whatever stages_per_rank says: 2·pp stages cut the layers."""
     n_layers = cfg.model.n_layers
-    if cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp):
+    if n_layers is not None and cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp):
         fits = [p for p in range(2, n_layers // 2 + 1) if n_layers % (2 * p) == 0]
         raise refuse("pp", f"{cfg.schedule} holds 2 stages per rank (rank r: stages r and 2·pp-1-r), so "
                      f"2·pp = {2 * cfg.pp} stages must divide model.n_layers={n_layers}",
@@ -118,7 +136,7 @@ def batch_splits_and_sequence_fits(cfg: Config) -> None:
     if cfg.batch_size % (cfg.dp * cfg.micro_batches):
         raise refuse("batch_size", f"batch_size={cfg.batch_size} is not divisible by "
                      f"dp·micro_batches={cfg.dp}·{cfg.micro_batches}", f"use a multiple of {cfg.dp * cfg.micro_batches}")
-    if cfg.seq_len > cfg.model.max_seq_len:
+    if cfg.model.max_seq_len is not None and cfg.seq_len > cfg.model.max_seq_len:
         raise refuse("seq_len", f"seq_len={cfg.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}",
                      f"use seq_len ≤ {cfg.model.max_seq_len}")
 
@@ -235,8 +253,8 @@ def tokenizer_fits_the_model(cfg: Config) -> None:
     if cfg.tokenizer is None:
         return
     info = tokenizer_info(cfg.tokenizer)
-    vocab = cfg.model.vocab_size
-    if info.vocab_size > vocab:
+    vocab = cfg.model.vocab_size  # None: a user's module says it once built (workbench.models.check)
+    if vocab is not None and info.vocab_size > vocab:
         padded = -(-info.vocab_size // 64) * 64
         raise refuse("tokenizer", f"{info.path} produces ids up to {info.vocab_size - 1:,} ({info.vocab_size:,} "
                      f"tokens), more than model.vocab_size={vocab:,} embeds",
@@ -248,6 +266,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     tokenizer_fits_the_model,
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
+    tied_embeddings_stay_whole,
     v_schedule_splits_the_layers,
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,

@@ -19,6 +19,7 @@ from workbench.config.choices import Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
+from workbench.config.sources import CustomModel, HFModel
 from workbench.config.tokenizer import check_tokenizer
 
 _RANGES = {
@@ -37,8 +38,9 @@ _RANGES = {
 class Config:
     """Everything a run is: model shape, parallel layout, precision and training settings."""
 
-    model: ModelConfig = field(default_factory=lambda: PRESETS["tiny"])
-    """The model's shape; `ModelConfig.preset("tiny")` and friends."""
+    model: ModelConfig | HFModel | CustomModel = field(default_factory=lambda: PRESETS["tiny"])
+    """The model: the built-in one's shape (`ModelConfig.preset("tiny")` and friends), a Hugging Face architecture
+    (`HFModel(config, weights=None)`) or a factory of your own (`CustomModel("pkg.module:factory", plan=...)`)."""
     tokenizer: str | None = None
     """A local tokenizer: a `tokenizers` tokenizer.json, or a Hugging Face tokenizer folder holding one (stored as
     its absolute path); None: bytes, every byte a token (vocabulary 256). Its vocabulary must fit model.vocab_size."""
@@ -115,9 +117,9 @@ class Config:
     CUDA device, not with zero 2/3, offload, pp or experts. See CUDA_GRAPHS_HELP."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, ModelConfig):
-            raise refuse("model", f"expected a ModelConfig, got {type(self.model).__name__}",
-                         'pass model=wb.ModelConfig.preset("tiny") or a ModelConfig(...)')
+        if not isinstance(self.model, (ModelConfig, HFModel, CustomModel)):
+            raise refuse("model", f"expected a ModelConfig, HFModel or CustomModel, got {type(self.model).__name__}",
+                         'pass model=wb.ModelConfig.preset("tiny"), wb.HFModel(config) or wb.CustomModel("pkg:fn")')
         if isinstance(self.tokenizer, PurePath):
             object.__setattr__(self, "tokenizer", str(self.tokenizer))  # JSON has no paths
         check_fields(self, _RANGES)

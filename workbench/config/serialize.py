@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from workbench.config.refusals import ConfigError, refuse
+from workbench.config.sources import SOURCES, source_from_data
 
 T = TypeVar("T")
 
@@ -16,6 +17,8 @@ T = TypeVar("T")
 def to_dict(value: Any) -> Any:
     """Every field as plain JSON data, nested parts as objects. Generic over dataclass fields, so a field added to
     Config or ModelConfig is written with no change here."""
+    if callable(getattr(value, "to_data", None)):  # a model source (sources.py): its own JSON shape
+        return to_dict(value.to_data())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
@@ -40,12 +43,25 @@ def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
     values = {}
     for name, value in data.items():
         hint = hints.get(name)
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = from_dict(hint, value, f"{prefix}{name}.")
+        if isinstance(value, dict) and "source" in value and _holds_sources(hint):
+            value = source_from_data(value)  # a model source; without "source", the built-in ModelConfig
+        elif isinstance(value, dict) and (dataclass := _dataclass_of(hint)) is not None:
+            value = from_dict(dataclass, value, f"{prefix}{name}.")
         elif typing.get_origin(hint) is tuple and isinstance(value, list):
             value = tuple(value)  # JSON has no tuples
         values[name] = value
     return cls(**values)
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass a field holds: its hint, or the first dataclass of a union (Config.model: ModelConfig)."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    return next((a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), None)
+
+
+def _holds_sources(hint: Any) -> bool:
+    return any(a in SOURCES.values() for a in typing.get_args(hint))
 
 
 def save(value: Any, path: str | Path) -> Path:

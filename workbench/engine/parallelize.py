@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
 from workbench.engine.mesh import mesh_axis
-from workbench.engine.model import Transformer
 from workbench.engine.parallel.compile import apply_compile
 from workbench.engine.parallel.context import apply_cp
 from workbench.engine.parallel.data_parallel import apply_dp, gradient_mesh
@@ -15,10 +16,16 @@ from workbench.engine.parallel.expert import apply_ep
 from workbench.engine.parallel.float8 import apply_float8
 from workbench.engine.parallel.recompute import apply_ac
 from workbench.engine.parallel.tensor import apply_tp
+from workbench.models.protocol import CausalLM
 
 
-def parallelize(model: Transformer, mesh: DeviceMesh, cfg: Config) -> nn.Module:
+def parallelize(model: CausalLM, mesh: DeviceMesh, cfg: Config,
+                materialize: Callable[[nn.Module], None] | None = None) -> nn.Module:
     """Apply `cfg`'s layout to `model` on this rank's slice of `mesh`: fp8 → TP → CP → EP → AC → compile → DP/ZeRO.
+
+    A model built on the meta device is laid out there, and `materialize(model)` then gives it this rank's pieces
+    of its parameters: before DDP (zero 0/1), which wraps real parameters and where every dp rank holds them
+    whole anyway; after FSDP2 (zero 2/3), which shards meta parameters, so a rank allocates only its shard.
 
     The order is forced:
     - TP first: its plans address submodules by their paths in the bare model
@@ -53,4 +60,11 @@ def parallelize(model: Transformer, mesh: DeviceMesh, cfg: Config) -> nn.Module:
     model = apply_ep(model, mesh, cfg)
     model = apply_ac(model, mesh, cfg)
     model = apply_compile(model, cfg)
-    return apply_dp(model, gradient_mesh(mesh, cfg), cfg, expert_mesh=mesh_axis(mesh, cfg, "edp"))
+    shards = cfg.zero >= 2
+    if materialize is not None and not shards:
+        materialize(model)
+    model = apply_dp(model, gradient_mesh(mesh, cfg), cfg, expert_mesh=mesh_axis(mesh, cfg, "edp"))
+    if materialize is not None and shards:
+        materialize(model)
+    return model
+

@@ -87,6 +87,16 @@ def export_full_state(trainer: Any) -> dict[str, Any]:
     return _merge_over_axis(state, trainer.mesh, "pp")
 
 
+def export_full_model(trainer: Any) -> dict[str, torch.Tensor]:
+    """The trainer's model alone, as full CPU tensors under the bare model's names (collective: all ranks); what
+    `export_full_state` gathers of it, without the optimizer (`bench.export_hf`)."""
+    model: dict[str, torch.Tensor] = {}
+    for module in trainer.modules:
+        model.update(_to_cpu(_gather_experts(get_model_state_dict(module, options=FULL),
+                                             expert_shards(module, bare_name))))
+    return _merge_over_axis({"model": model, "optim": {}}, trainer.mesh, "pp")["model"]
+
+
 def import_full_state(trainer: Any, state: dict[str, Any]) -> None:
     """Load a state from `export_full_state` (any layout) into `trainer` (collective: all ranks).
 

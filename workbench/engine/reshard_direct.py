@@ -168,8 +168,8 @@ def _describe_held(module: nn.Module, opt: torch.optim.Optimizer, mine: _Descrip
     shards = expert_shards(module, bare_name)
     for name, param in module.named_parameters():
         name = bare_name(name)
-        region, tensor = _region(param, shards.get(name)), _local(param)
-        mine.held[name, PARAM], local.old[name, PARAM] = region, [tensor.detach()]
+        place, tensor = region(param, shards.get(name)), local_tensor(param)
+        mine.held[name, PARAM], local.old[name, PARAM] = place, [tensor.detach()]
         mine.dtypes[name] = str(tensor.dtype)
         state = opt.state.get(param)
         if not state:
@@ -186,7 +186,7 @@ def _describe_held(module: nn.Module, opt: torch.optim.Optimizer, mine: _Descrip
                 entries.append((key, None))
         mine.state_entries[name], mine.values[name] = tuple(entries), values
         if moving:
-            mine.held[name, STATE], local.old[name, STATE] = region, moving
+            mine.held[name, STATE], local.old[name, STATE] = place, moving
 
 
 def _describe_wanted(module: nn.Module, opt: torch.optim.Optimizer, mine: _Description, local: _Local) -> None:
@@ -194,7 +194,7 @@ def _describe_wanted(module: nn.Module, opt: torch.optim.Optimizer, mine: _Descr
     stateful = {p for group in opt.param_groups for p in group["params"]}
     for name, param in module.named_parameters():
         name = bare_name(name)
-        mine.wanted_params[name], tensor = _region(param, shards.get(name)), _local(param)
+        mine.wanted_params[name], tensor = region(param, shards.get(name)), local_tensor(param)
         local.new[name, PARAM] = [tensor.detach()]
         if mine.dtypes.setdefault(name, str(tensor.dtype)) != str(tensor.dtype):
             raise _CannotDirect(f"{name} changes dtype ({mine.dtypes[name]} → {tensor.dtype})")
@@ -208,24 +208,25 @@ def _like_param(name: str, key: str, value: torch.Tensor, param: torch.Tensor) -
     same_spec = (isinstance(value, DTensor) == isinstance(param, DTensor)
                  and (not isinstance(value, DTensor)
                       or (value.placements == param.placements and value.device_mesh == param.device_mesh)))
-    tensor, own = _local(value), _local(param)
+    tensor, own = local_tensor(value), local_tensor(param)
     if not same_spec or tensor.shape != own.shape or tensor.device != own.device:
         raise _CannotDirect(f"{name}: optimizer state {key!r} is not laid out like its parameter")
     return tensor.detach()
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The piece of `tensor` this rank holds: a DTensor's local shard, else the tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _region(tensor: torch.Tensor, expert: ExpertShard | None) -> Region:
+def region(tensor: torch.Tensor, expert: ExpertShard | None) -> Region:
     """Where this rank's local piece of `tensor` sits in the whole model's tensor of that name."""
-    region = _dtensor_region(tensor) if isinstance(tensor, DTensor) else whole(tensor.shape)
+    place = _dtensor_region(tensor) if isinstance(tensor, DTensor) else whole(tensor.shape)
     if expert is None:
-        return region
+        return place
     # An expert-parallel slice: this ep rank's experts along dim 0 (tensor.shape is the slice's, also for a DTensor).
     shift = expert.rank * tensor.shape[0]
-    return (tuple((a + shift, b + shift) for a, b in region[0]), *region[1:])
+    return (tuple((a + shift, b + shift) for a, b in place[0]), *place[1:])
 
 
 def _dtensor_region(tensor: DTensor) -> Region:

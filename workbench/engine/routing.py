@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from workbench.config import ModelConfig
-from workbench.engine.model import moe_layers
+from workbench.models.transformer import moe_layers
 
 
 class RouterTally:

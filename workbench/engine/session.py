@@ -94,7 +94,8 @@ def capabilities() -> dict[str, Any]:
     return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True, "fp8": False}
 
 
-def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh: bool = False) -> dict[str, Any]:
+def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh: bool = False,
+          flops_per_token: float | None = None) -> dict[str, Any]:
     """Build the layout `cfg` describes; if a model exists, carry its trained state over (reshard in place).
 
     A new model starts instead (from the seed, at step 0) when `fresh` is set
@@ -102,13 +103,14 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
     (a mixture of experts' routing settings are not its shape: they carry).
     The new trainer is complete before the old one is dropped, so a failure
     here leaves the previous model as it was. The result's "reshard" says how
-    the state moved (`reshard_direct.reshard_into`), None for a new model.
+    the state moved (`reshard_direct.reshard_into`), None for a new model. `flops_per_token`: the model FLOPs
+    of a model other than the built-in one (the notebook traces it), for the measured MFU.
     """
     old = current_or_none()
     carry = keeps_weights(old.trainer.cfg if old is not None else None, cfg, fresh)
     with rank.unchecked():
         mesh = build_mesh(cfg, _device_type())  # the process's mesh of this shape, built at its first use
-        trainer = Trainer(cfg, mesh, rank.info.device, _data(cfg, corpus, old, carry), telemetry)
+        trainer = Trainer(cfg, mesh, rank.info.device, _data(cfg, corpus, old, carry), telemetry, flops_per_token)
         path = reshard_into(old.trainer, trainer) if carry else None
         dist.barrier()
     rank.state[_KEY] = Session(trainer, old.next_step if carry else 0, corpus)
@@ -203,6 +205,15 @@ def held() -> resources.Held:
     those of the session's model, which must be all of them when nothing leaked."""
     session = current_or_none()
     return resources.held(Trainer, session.trainer.modules if session is not None else ())
+
+
+def export_hf(directory: str, max_shard_bytes: int) -> list[str]:
+    """Write the session's model as a Hugging Face checkpoint (safetensors + config.json) into `directory`."""
+    from workbench.engine.export_hf import export_hf as write
+
+    session = current()
+    with rank.unchecked():
+        return write(session.trainer, directory, max_shard_bytes)
 
 
 def next_step() -> int:

@@ -21,8 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workbench.config import Config
-from workbench.engine.model import build_model, loss_fn, set_moe_aux_grad_scale
+from workbench.config import Config, ModelConfig
+from workbench.engine.materialize import materialize, on_device
+from workbench.flops import flops_per_token as model_flops
+from workbench.models.build import build
+from workbench.models.transformer import loss_fn, set_moe_aux_grad_scale
 from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.context import shard_sequence
 from workbench.engine.parallel.data_parallel import build_optimizer, gradient_mesh, gradient_sync
@@ -96,25 +99,33 @@ class Trainer:
     """One rank's share of a training run: model (parallelized), optimizers, loss scaler, step counters."""
 
     def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device | str, data: Batches,
-                 telemetry: bool = False) -> None:
+                 telemetry: bool = False, flops_per_token: float | None = None) -> None:
         cfg.check_world(dist.get_world_size())
         self.cfg, self.mesh, self.device, self.data = cfg, mesh, torch.device(device), data
         self.dp_rank, self.dp_size = mesh.get_local_rank("dp"), mesh["dp"].size()
         self.dp_mesh = gradient_mesh(mesh, cfg)
         """The ranks that hold the same weights and average gradients: dp, times cp; 2-D under HSDP."""
         self._cp_mesh = mesh_axis(mesh, cfg, "cp")
-        # Every rank builds the whole model from the seed, so every layout starts from the same weights.
-        model = build_model(cfg.model, cfg.seed)
+        # Every rank builds the model on the meta device and fills in only its own pieces, from the same initial
+        # values (the seed's draws, or the source's weights): every layout starts from the same weights.
+        built = build(cfg.model, cfg.seed)
+        # FSDP2's CPUOffloadPolicy keeps the shards on the host; everything else lives on the device.
+        shards_at = torch.device("cpu") if cfg.offload and cfg.zero >= 2 else self.device
+
+        def lay_out(model: nn.Module) -> nn.Module:
+            return parallelize(on_device(model, self.device), mesh, cfg,
+                               materialize=lambda m: materialize([m], built.values, shards_at))
+
         self.pipeline = None
         if cfg.pp > 1:
             from workbench.engine.parallel.pipeline import build_pipeline
 
-            self.pipeline = build_pipeline(model, mesh, cfg, loss_fn, self.device,
-                                           lambda chunk: parallelize(chunk, mesh, cfg))
+            self.pipeline = build_pipeline(built.model, mesh, cfg, loss_fn, self.device, lay_out)
             self.modules: list[nn.Module] = list(self.pipeline.modules)
         else:
-            self.modules = [parallelize(model.to(self.device), mesh, cfg)]
-        self._routing = RouterTally(cfg.model, cfg.micro_batches, self.device) if cfg.model.n_experts else None
+            self.modules = [lay_out(built.model)]
+        routes = isinstance(cfg.model, ModelConfig) and cfg.model.n_experts
+        self._routing = RouterTally(cfg.model, cfg.micro_batches, self.device) if routes else None
         """Mixture of experts: this rank's router statistics of the step, for the step's all-reduce; None if dense."""
         if self.pipeline is not None and self._routing is not None:
             self.pipeline.after_forward = self._routing.add  # every stage reads its own layers' routers
@@ -128,6 +139,10 @@ class Trainer:
         self.skipped_steps = 0
         self.agreed = Agreed(loss=float("nan"))
         """The verdicts of the last step: read `agreed.stop` to end a training loop on every rank at once."""
+        self.flops_per_token = (model_flops(cfg.model, cfg.seq_len) if isinstance(cfg.model, ModelConfig)
+                                else flops_per_token)
+        """Model FLOPs of forward and backward per token (MFU's numerator): the built-in model's formula, another
+        model's as the notebook traced it; None when not known (then no MFU is measured)."""
         self.probe = StepProbe(self) if telemetry else NullProbe()
         """Measures each step (spans, memory by category, FLOPs) when telemetry is on; else does nothing."""
 

@@ -132,9 +132,7 @@ def _model_flops(cfg: Config, profile: ModelProfile | None = None) -> float:
     """The step's model FLOPs (what MFU divides by): forward and backward once, no recompute."""
     if profile is None:
         return flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
-    sequence = sum(profile.block(i).forward_flops + profile.block(i).backward_flops for i in range(profile.n_layers))
-    sequence += profile.head_forward_flops + profile.head_backward_flops
-    return profile.per_token(sequence) * cfg.tokens_per_step
+    return profile.per_token(profile.model_flops) * cfg.tokens_per_step
 
 
 def grad_sync_bytes_per_step(cfg: Config, hardware: str | Hardware = "h100") -> int:

@@ -2,7 +2,7 @@
 
 Per block: its seven linears' GEMMs by shape (forward, and backward's two; the per-op policy recomputes wk, wo
 and w3, a checkpointed block all seven and attention), flash attention, and the memory-bound kernels between
-them, whose bytes follow from the tensors this engine's model makes (engine/model.py), listed in
+them, whose bytes follow from the tensors this engine's model makes (models/transformer.py), listed in
 `elementwise_bytes`. The last stage adds the head and the loss; FSDP2 adds its copies into and out of the
 collectives' buffers; the optimizer steps once per step. Backward's memory-bound kernels are taken as twice
 their forward's bytes (each reads its output's gradient and what it saved and writes its inputs' gradients).
@@ -55,7 +55,7 @@ class MicroBatchCompute:
 def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
     """Bytes one dense block's memory-bound kernels read and write in forward, per token (÷tp where sharded).
 
-    Eager (this engine's model, engine/model.py): each fused RMSNorm reads and writes the residual (2·r·D); a
+    Eager (this engine's model, models/transformer.py): each fused RMSNorm reads and writes the residual (2·r·D); a
     residual add reads both operands and writes the sum ((2r + a)·D); rotary on q and k upcasts, rotates halves in
     fp32 and casts back (44 + 2a bytes per element: `apply_rotary`'s nine kernels); SwiGLU's silu and product
     (5·a·F). Under autocast each linear input is cast (read 4, write 2, per gathered element); under tensor

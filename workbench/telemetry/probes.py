@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from workbench.flops import flops_per_token
 from workbench.telemetry.activations import ActivationMeter, MeterSampling
 from workbench.telemetry.analysis import step_summary
 from workbench.telemetry.events import Interval, StepMetrics
@@ -88,7 +87,7 @@ class StepProbe(NullProbe):
         self._now = native.load().now_ns  # the native clock, looked up once: hooks call it for every gradient
         self._sync_groups = _sync_groups(trainer)
         # Model FLOPs of one step on this rank: the whole step's, shared by every rank.
-        self.flops = flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step / dist_world_size()
+        self.flops = (trainer.flops_per_token or 0.0) * cfg.tokens_per_step / dist_world_size()
         self.peak_flops, self.peak_source = peak_flops_for(self.device, cfg.precision)
         self.spans: list[Interval] = []
         self.actions: list[tuple[int, int, str, int, int]] = []
@@ -230,7 +229,7 @@ class StepProbe(NullProbe):
             "activations": activations.peak if activations else 0,
         }
         peak["other"] = max(0, max(process, after.get("process", 0)) - sum(peak.values()))
-        mfu = self.flops / metrics.step_time_s / self.peak_flops if self.peak_flops else None
+        mfu = self.flops / metrics.step_time_s / self.peak_flops if self.peak_flops and self.flops else None
         return dataclasses.replace(metrics, memory=current, peak_memory=peak, comm_time_s=comm_s,
                                    exposed_comm_s=exposed_s, overlap=overlap, flops=self.flops, mfu=mfu,
                                    mfu_basis=self.peak_source, intervals=intervals,

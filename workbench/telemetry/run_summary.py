@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.config import PRESETS, ModelConfig
+from workbench.config import ModelConfig
 from workbench.telemetry.events import MEMORY_CATEGORIES
 from workbench.telemetry.runs import RunRecord
 
@@ -67,12 +67,9 @@ class RunSummary:
 
 
 def model_name(model: ModelConfig) -> str:
-    """A preset's name when the shape is one (routing settings aside), else the shape in brief."""
-    name = next((n for n, m in PRESETS.items() if m.same_weights(model) and m.n_experts == model.n_experts), None)
-    if name is not None:
-        return name
-    experts = f", {model.n_experts} experts" if model.n_experts else ""
-    return f"dim {model.dim} × {model.n_layers} layers{experts}"
+    """A preset's name when the shape is one (routing settings aside), else the shape in brief; a model source's
+    own name (`HFModel`, `CustomModel`)."""
+    return model.name
 
 
 def _mean(values: list[float]) -> float | None:

@@ -33,15 +33,9 @@ def traced_profile(model: Any, seq_len: int, precision: str = "fp32") -> ModelPr
 
 
 def _builder(model: Any):
-    """How to build `model` on the meta device, as the ranks do: the model sources' own `build` where it exists."""
-    try:
-        from workbench.models.build import build  # any Config.model source (issue 32's model sources)
-    except ImportError:  # before they land: the built-in model alone, built on fake tensors, never run on a rank
-        if isinstance(model, ModelConfig):
-            from workbench.engine.model import Transformer
+    """How to build `model` on the meta device, as the ranks do: the model sources' own `build`."""
+    from workbench.models.build import build  # any Config.model source
 
-            return lambda: Transformer(model)
-        raise TypeError(f"cannot trace a {type(model).__name__}: expected a ModelConfig") from None
     return lambda: build(model, 0).model
 
 

@@ -41,24 +41,27 @@ from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from workbench.config import Config
-from workbench.engine.model import MoEFeedForward
+from workbench.models.protocol import CausalLM, Unsupported
 
 RECOMPILE_LIMIT = 64
 """Variants one block's code may compile to in a process (dynamo's default is 8): one per layout explored."""
 
 
-def apply_compile(model: nn.Module, cfg: Config) -> nn.Module:
-    """Compile each transformer block of `model` (or a pipeline chunk) in place, when cfg.compile is set."""
+def apply_compile(model: CausalLM, cfg: Config) -> CausalLM:
+    """Compile each block of `model` (or a pipeline chunk) in place, when cfg.compile is set."""
     if not cfg.compile:
         return model
     _configure()
     mode = "reduce-overhead" if cfg.cuda_graphs else None
-    for block in model.layers.values():
-        inner = getattr(block, "_checkpoint_wrapped_module", block)  # AC's wrapper, if any
-        # A mixture of experts routes tokens with data-dependent indexing: let dynamo break the graph there.
-        dense = not isinstance(inner.feed_forward, MoEFeedForward)
+    # A mixture of experts routes tokens with data-dependent indexing: let dynamo break the graph there.
+    try:
+        routed = {experts.layer for experts in model.routed_experts()}
+    except Unsupported:  # experts expert parallel cannot split are still experts
+        routed = {int(key) for key in model.block_modules}
+    for key, block in model.block_modules.items():
+        whole = model.blocks_compile_whole and int(key) not in routed
         block.forward = _settled_inputs(torch.compile(block.forward, backend=cfg.compile_backend, mode=mode,
-                                                      fullgraph=dense))
+                                                      fullgraph=whole))
     return model
 
 
@@ -72,10 +75,10 @@ def _settled_inputs(compiled: Callable[..., torch.Tensor]) -> Callable[..., torc
     collective and gives a plain tensor whose gradient flows back through the usual path.
     """
     @functools.wraps(compiled)
-    def forward(x: torch.Tensor, *args: Any) -> torch.Tensor:
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(x, AsyncCollectiveTensor):
             x = x.mul(1)  # not x.wait(): that returns the inner tensor, cut off from autograd
-        return compiled(x, *args)
+        return compiled(x, *args, **kwargs)
 
     return forward
 

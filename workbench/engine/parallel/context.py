@@ -48,7 +48,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import Attention, CausalAttention, Transformer
+from workbench.models.protocol import AttentionKernel, CausalLM
+from workbench.models.transformer import CausalAttention
 
 _KV_TAG, _GRAD_TAG = 0, 1
 """Tags of the two exchanges that can be in flight at once in backward (keys/values, their gradients): gloo
@@ -180,9 +181,10 @@ def _blocks(ring: _Ring, step: int, c: int) -> tuple[slice, slice, bool]:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: _Ring) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: _Ring,
+                scale: float | None = None) -> torch.Tensor:
         b, heads, s, d = q.shape
-        c, scale = s // 2, 1.0 / math.sqrt(d)
+        c, scale = s // 2, scale if scale is not None else 1.0 / math.sqrt(d)
         attend, _ = _kernels(q.device)
         with torch.autocast(q.device.type, enabled=False):
             out = q.new_zeros(q.shape, dtype=torch.float32)
@@ -198,7 +200,7 @@ class _RingAttention(torch.autograd.Function):
             # Laid out (b, s, heads, d) as flash attention's output is, so that the caller's transpose back
             # and reshape to (b, s, heads·d) is a view and wo saves this very tensor.
             result = out.transpose(1, 2).to(q.dtype).contiguous().transpose(1, 2)
-        ctx.ring = ring
+        ctx.ring, ctx.scale = ring, scale
         ctx.save_for_backward(q, k, v, result, lse)
         return result
 
@@ -206,7 +208,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         ring: _Ring = ctx.ring
-        c, scale = q.shape[2] // 2, 1.0 / math.sqrt(q.shape[-1])
+        c, scale = q.shape[2] // 2, ctx.scale
         _, attend_backward = _kernels(q.device)
         with torch.autocast(q.device.type, enabled=False):
             dout = dout.to(q.dtype)
@@ -229,7 +231,7 @@ class _RingAttention(torch.autograd.Function):
                 if pending is not None:
                     kv = pending.wait()
             dkv = incoming.wait()
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
 _WORLD_RING: list[dist.ProcessGroup] = []
@@ -260,15 +262,23 @@ class RingAttention(CausalAttention):
         return _RingAttention.apply(q, k, v, self.ring)
 
 
-def apply_cp(model: Transformer, mesh: DeviceMesh, cfg: Config) -> Transformer:
-    """Make `model` (or a pipeline chunk) run on this cp rank's share of each sequence, in place: every attention's
-    kernel becomes the ring exchange, and the rotary table holds the positions of the tokens this rank is given."""
+def ring_kernel(cp_mesh: DeviceMesh) -> AttentionKernel:
+    """Causal attention over the whole sequence by the K/V ring, as the model protocol's attention kernel."""
+    ring = _Ring(ring_group(cp_mesh), cp_mesh.get_local_rank(), cp_mesh.size())
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        return _RingAttention.apply(q, k, v, ring, scale)
+
+    return kernel
+
+
+def apply_cp(model: CausalLM, mesh: DeviceMesh, cfg: Config) -> CausalLM:
+    """Make `model` (or a pipeline chunk) run on this cp rank's share of each sequence, in place: every attention
+    goes through the ring exchange (the model protocol's `use_attention`), and the model is given the positions of
+    the tokens this rank holds (its rotary table or cos/sin follow them)."""
     if cfg.cp == 1:
         return model
     cp_mesh = mesh["cp"]
-    for module in model.modules():
-        if isinstance(module, Attention) and not isinstance(module.core, RingAttention):
-            module.core = RingAttention(cp_mesh)
-    positions = balanced_positions(cfg.seq_len, cfg.cp, cp_mesh.get_local_rank()).to(model.rope.device)
-    model.rope = model.rope.index_select(0, positions)
+    model.use_attention(ring_kernel(cp_mesh))
+    model.set_positions(balanced_positions(cfg.seq_len, cfg.cp, cp_mesh.get_local_rank()))
     return model

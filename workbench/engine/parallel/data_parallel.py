@@ -49,7 +49,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
-from workbench.engine.model import Transformer
+from workbench.models.protocol import CausalLM
 from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.parallel.offload import HostOffload
@@ -104,13 +104,13 @@ def _replicate_dtensor_model(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module
 
     # One unit per block, like DDP's gradient buckets: a block's all-reduce starts as soon as its
     # backward is done, overlapping the backward of the blocks before it.
-    for block in model.layers.values():
+    for block in model.block_modules.values():
         replicate(block, mesh=dp_mesh)
     return replicate(model, mesh=dp_mesh)
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
-               expert_mesh: DeviceMesh | None = None) -> Transformer:
+def apply_fsdp(model: CausalLM, dp_mesh: DeviceMesh, cfg: Config,
+               expert_mesh: DeviceMesh | None = None) -> CausalLM:
     """Shard each block, then the root (embedding, final norm, output head), across the dp axis."""
     # Under tensor parallel the root returns the logits as a view of a DTensor's local tensor; FSDP2
     # warns that in-place ops on it would skip its hook. The loss only reads the logits: not our case.
@@ -126,7 +126,7 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
         # First, so each block's unit below leaves the expert slices to theirs (sharded over edp only).
         for _, experts in expert_modules(model):
             fully_shard(experts, mesh=expert_mesh, reshard_after_forward=per_block, **policies)
-    for block in model.layers.values():
+    for block in model.block_modules.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=per_block, **policies)
     # The root's parameters are used first thing in backward (the output head), so resharding them
     # after forward would only gather them again at once: None lets FSDP2 keep them (root rule).
@@ -161,7 +161,7 @@ def _fsdp_policies(dp_mesh: DeviceMesh, cfg: Config) -> dict:
     return policies
 
 
-def apply_dp(model: Transformer, dp_mesh: DeviceMesh, cfg: Config,
+def apply_dp(model: CausalLM, dp_mesh: DeviceMesh, cfg: Config,
              expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """Replicate or shard `model` (or a pipeline chunk) over the dp axis according to `cfg.zero`;
     expert-parallel slices over `expert_mesh` (the "edp" axis) instead, when given."""

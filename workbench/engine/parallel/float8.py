@@ -29,12 +29,13 @@ from collections.abc import Callable
 from torch import nn
 
 from workbench.config import FP8, Config
+from workbench.models.protocol import CausalLM, Experts, Unsupported
 
 MULTIPLE = 16
 """fp8 matmuls need both dimensions of a weight to be multiples of this."""
 
 
-def apply_float8(model: nn.Module, cfg: Config) -> nn.Module:
+def apply_float8(model: CausalLM, cfg: Config) -> CausalLM:
     """Convert `model`'s linear layers to torchao Float8Linear, in place, when cfg.precision is an fp8 recipe."""
     if cfg.precision not in FP8:
         return model
@@ -44,14 +45,24 @@ def apply_float8(model: nn.Module, cfg: Config) -> nn.Module:
     config = Float8LinearConfig.from_recipe_name(recipe)
     if recipe == "tensorwise" and cfg.zero >= 2:
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
-    convert_to_float8_training(model, config=config, module_filter_fn=converts)
+    try:
+        experts = model.routed_experts()
+    except Unsupported:  # experts expert parallel cannot split: their whole blocks stay out of fp8
+        experts = [Experts(path, int(path.rpartition(".")[2]), 0, "routed") for path, _ in model.block_paths()]
+    convert_to_float8_training(model, config=config,
+                               module_filter_fn=lambda module, fqn: converts(module, fqn, model.lm_parts.head, experts))
     return model
 
 
-def converts(module: nn.Module, fqn: str) -> bool:
-    """Which linear layers run in fp8: not the output head, not inside a mixture of experts, dims multiples of 16."""
-    if not isinstance(module, nn.Linear) or fqn == "output" or ".feed_forward.experts" in fqn or "router" in fqn:
+def converts(module: nn.Module, fqn: str, head: str, experts: list[Experts]) -> bool:
+    """Which linear layers run in fp8: not the output head, not a mixture of experts' experts nor its router (a
+    linear layer beside them onto the experts), dims multiples of 16."""
+    if not isinstance(module, nn.Linear) or fqn == head:
         return False
+    for e in experts:
+        beside = fqn.rpartition(".")[0] == e.path.rpartition(".")[0]
+        if fqn.startswith(e.path + ".") or fqn == e.path or (beside and module.out_features == e.n_experts):
+            return False
     return module.in_features % MULTIPLE == 0 and module.out_features % MULTIPLE == 0
 
 

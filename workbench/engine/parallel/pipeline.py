@@ -1,12 +1,13 @@
 """Pipeline parallel: the model cut into chunks of consecutive blocks, run by torch's schedules.
 
-The transformer's blocks are split into pp·v chunks (v = stages_per_rank for
-the interleaved schedules, 2 for the V-shaped ones, else 1); the embedding
-goes with the first chunk and the final norm and output head with the last. A
-chunk is the model itself with the other blocks deleted and the other parts
-set to None, so its parameter names stay those of the full model
-("layers.5.attention.wq.weight") and checkpoints written by any layout load
-into any other. Rank r on the "pp" axis holds stages r, r+pp, r+2pp, ...
+The model's blocks (the model protocol's `block_modules`) are split into pp·v
+chunks (v = stages_per_rank for the interleaved schedules, 2 for the V-shaped
+ones, else 1); the embedding goes with the first chunk and the final norm and
+output head with the last. A chunk is the model itself with the other blocks
+deleted and the other parts set to None (`protocol.chunk`, done on the meta
+device before any parameter exists), so its parameter names stay those of the
+full model ("layers.5.attention.wq.weight") and checkpoints written by any
+layout load into any other. Rank r on the "pp" axis holds stages r, r+pp, r+2pp, ...
 (torch's "loop" placement), or under ZBV and DualPipeV stages r and 2pp-1-r
 (the "v" placement: rank 0 holds the first and the last stage).
 
@@ -45,7 +46,7 @@ dtypes it infers (and allocates receive buffers for) are those that training
 sends. Backward runs outside autocast, as torch recommends.
 
 Mixture of experts: each MoE FFN attaches its balancing loss to its output
-(model.py's `AttachAuxLoss`), so the stage's own backward trains its routers
+(models/transformer.py's `AttachAuxLoss`), so the stage's own backward trains its routers
 on it; the loss function on the last stage sees only the training loss. The
 trainer sets `runner.after_forward` to read each stage's router counts after
 every micro-batch's forward.
@@ -65,7 +66,6 @@ gradients from other ranks fall between intervals: that is the bubble, which
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -79,7 +79,9 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, Pipeli
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
-from workbench.engine.model import Transformer
+from workbench.engine.materialize import on_device
+from workbench.models.protocol import CausalLM
+from workbench.models.protocol import chunk as model_chunk
 from workbench.engine.precision import DTYPES
 from workbench.schedules import (
     TORCH_CLASSES,
@@ -96,24 +98,6 @@ from workbench.schedules.torch_orders import SINGLE_STAGE
 ActionHook = Callable[[Kind, int, int, int, int], None]
 """on_action(kind, stage, microbatch, start_ns, end_ns): one measured F, B, I or W."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def model_chunk(model: Transformer, layers: range, *, first: bool, last: bool) -> Transformer:
-    """A deep copy of `model` that keeps only `layers`, plus the embedding if `first` and norm + output if `last`.
-
-    The parts it drops are never copied: deepcopy's memo maps each of them to
-    None, so the copy costs only the chunk's own parameters and holds None
-    where they were.
-    """
-    dropped: list[nn.Module | None] = [block for key, block in model.layers.items() if int(key) not in layers]
-    if not first:
-        dropped.append(model.tok_embeddings)
-    if not last:
-        dropped += [model.norm, model.output]
-    chunk = copy.deepcopy(model, {id(m): None for m in dropped if m is not None})
-    for key in [key for key, block in chunk.layers.items() if block is None]:
-        del chunk.layers[key]
-    return chunk
 
 
 def autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
@@ -274,7 +258,7 @@ class PipelineRunner:
         return self._loss.step_mean() if self.is_last else None
 
 
-def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: LossFn, device: torch.device | str,
+def build_pipeline(model: CausalLM, mesh: DeviceMesh, cfg: Config, loss_fn: LossFn, device: torch.device | str,
                    parallelize_chunk: Callable[[nn.Module], nn.Module] | None = None) -> PipelineRunner:
     """Cut `model` into this rank's stages along the mesh's "pp" axis and build cfg.schedule over them.
 
@@ -290,12 +274,13 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     device = torch.device(device)
     per_rank = config_stages(cfg)
     n_stages = pp * per_rank
-    layers = split_layers(model.cfg.n_layers, n_stages)
+    layers = split_layers(len(model.block_modules), n_stages)
     loss = _MicroBatchLoss(loss_fn, cfg.micro_batches)
 
     stages: list[_TimedStage] = []
     for stage_id in config_rank_stages(cfg, pp_rank):
-        chunk = model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1).to(device)
+        chunk = on_device(model_chunk(model, layers[stage_id], first=stage_id == 0, last=stage_id == n_stages - 1),
+                          device)
         # The one table of autocast dtypes (engine/precision.py); under "fsdp" FSDP2 casts the parameters instead.
         if DTYPES[cfg.precision] is not None and cfg.mixed_precision != "fsdp":
             autocast_forward(chunk, device.type, DTYPES[cfg.precision])

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from workbench.config import Config, checkpointed_blocks
-from workbench.engine.model import Transformer
+from workbench.models.protocol import CausalLM
 
 _aten, _c10d = torch.ops.aten, torch.ops._c10d_functional
 OP_POLICY_SAVES = frozenset({
@@ -60,15 +60,17 @@ def _op_contexts():
     return create_selective_checkpoint_contexts(op_policy())
 
 
-def apply_ac(model: Transformer, mesh: DeviceMesh, cfg: Config) -> Transformer:
+def apply_ac(model: CausalLM, mesh: DeviceMesh, cfg: Config) -> CausalLM:
     """Wrap the chosen blocks of `model` (or a pipeline chunk) in place; parameter names do not change."""
+    blocks = model.block_modules
     if cfg.activation_checkpointing == "op":
-        chosen, extra = [int(k) for k in model.layers], {"context_fn": _op_contexts}
+        chosen, extra = [int(k) for k in blocks], {"context_fn": _op_contexts}
     else:
-        chosen, extra = checkpointed_blocks([int(k) for k in model.layers], cfg.activation_checkpointing), {}
+        chosen, extra = checkpointed_blocks([int(k) for k in blocks], cfg.activation_checkpointing), {}
     for index in chosen:
         key = str(index)
-        # The model has no randomness (no dropout), so saving and restoring RNG state is wasted work.
-        model.layers[key] = checkpoint_wrapper(model.layers[key], checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                               preserve_rng_state=False, **extra)
+        # The models trained here draw no randomness in forward (no dropout; Config refuses attention dropout), so
+        # saving and restoring RNG state is wasted work.
+        blocks[key] = checkpoint_wrapper(blocks[key], checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                         preserve_rng_state=False, **extra)
     return model

@@ -1,33 +1,30 @@
-"""Tensor parallel: Megatron column/row splits with sequence parallel, as DTensor plans.
+"""Tensor parallel: Megatron column/row splits with sequence parallel, as DTensor plans, from the model's own plan.
 
-Each block is split the Megatron way (Shoeybi et al., 2019): wq/wk/wv and w1/w3
-are split by output columns, so every rank computes its own heads and its own
-slice of the MLP width with no communication; wo and w2 are split by input
-rows, so their partial outputs are summed across the tp axis. That sum is done
-as a reduce-scatter over the sequence dim instead of an all-reduce (sequence
-parallel, Korthikanti et al., 2022): the norms and residual adds between
-blocks then run on seq/tp positions per rank, and the all-gather back to the
-full sequence happens at the next block's input. Attention needs no change:
-it infers the number of (local) heads from the projected tensor's shape, and
-rotary embedding rotates whichever heads it is given.
+Each block is split the Megatron way (Shoeybi et al., 2019), as the model's plan (`block_tp_plan`, transformers'
+vocabulary) says: the query/key/value and the MLP's input projections are split by output columns ("colwise"),
+so every rank computes its own heads and its own slice of the MLP width with no communication; the attention's
+and the MLP's output projections are split by input rows ("rowwise"), so their partial outputs are summed across
+the tp axis. That sum is done as a reduce-scatter over the sequence dim instead of an all-reduce (sequence
+parallel, Korthikanti et al., 2022): the norms and residual adds between sublayers then run on seq/tp positions
+per rank, and the all-gather back to the whole sequence happens at the next sublayer's input. Attention needs no
+change: it infers the number of (local) heads from the projected tensor's shape.
 
-The embedding table is split by rows (vocabulary) and the output head by
-columns, as torchtitan does. With `loss_parallel` the logits stay sharded over
-the vocabulary dim and the cross-entropy must run under
-`torch.distributed.tensor.parallel.loss_parallel()`; without it they are
-gathered, so the ordinary loss function works unchanged.
+The plan names modules inside a block; the rest of the block follows from its structure, the same for every
+family (`block_styles`): each child of the block holding planned modules is a sublayer whose input is gathered
+(`GatherSequence`); a child whose parameters are all vectors (a norm) runs on the sequence shards
+(`SequenceParallel`); any other child with parameters (a mixture of experts: router and experts are not split by
+tp) computes the whole sequence on every tp rank and keeps its slice (`ComputeWhole`). Its router and expert
+weights are plain tensors, whole on every tp rank, whose gradients come out identical there without a sync (the
+output gradient is all-gathered, so each rank backpropagates the whole of it), as long as the kernels are
+deterministic: on CPU they are (tests/engine/test_moe.py checks the replicas stay equal); on CUDA, `index_add_`
+(the MoE's combine) adds with atomics, which for top_k > 2 could let the replicas drift apart in the last bits.
+Experts are split over ranks by ep instead, within the dp axis.
 
-A mixture-of-experts FFN is not split by tp (`moe_block_plan`): its input is
-all-gathered over the sequence dim, every tp rank routes the whole sequences
-(the routing group) and runs every expert on them, the same computation on
-the same data, and each keeps its own sequence shard of the output. The
-router and expert weights are plain tensors, whole on every tp rank, whose
-gradients come out identical there without a sync (the output gradient is
-all-gathered, so each rank backpropagates the whole of it), as long as the
-kernels are deterministic: on CPU they are (tests/engine/test_moe.py checks
-the replicas stay equal); on CUDA, `index_add_` (the MoE's combine) adds
-with atomics, which for top_k > 2 could let the replicas drift apart in the
-last bits. Experts are split over ranks by ep instead, within the dp axis.
+The embedding is split by rows (vocabulary) and the output head by columns, as torchtitan does. With
+`loss_parallel` the logits stay sharded over the vocabulary dim and the cross-entropy must run under
+`torch.distributed.tensor.parallel.loss_parallel()`; without it they are gathered, so the ordinary loss function
+works unchanged. The positions the model is given are set to the whole sequence's: its blocks' inputs hold only a
+slice of the tokens.
 """
 
 from __future__ import annotations
@@ -36,78 +33,69 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch import nn
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
 from workbench.config import Config
-from workbench.engine.model import MoEFeedForward, Transformer
+from workbench.engine.parallel.tensor_styles import ComputeWhole, GatherSequence, translate
+from workbench.models.protocol import CausalLM, Unsupported
+from workbench.models.tp import matching, tp_problems
 
 
-def block_plan() -> dict[str, ParallelStyle]:
-    """The plan of one transformer block; its input and output are sharded over the sequence dim."""
-    return {
-        "attention_norm": SequenceParallel(),
-        # Gather the sequence before the projections: every rank needs all positions for its heads.
-        # The second input (the rotary table) is a plain replicated buffer and passes through.
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-    }
+def block_styles(block: nn.Module, plan: dict[str, str], where: str) -> dict[str, ParallelStyle]:
+    """The DTensor styles of one block, from the model's plan and the block's structure (module docstring)."""
+    styles: dict[str, ParallelStyle] = {}
+    names = [name for name, _ in block.named_modules() if name]
+    for pattern, style in plan.items():
+        for name in matching(names, pattern):
+            styles[name] = translate(style, f"{where}.{name}")
+    for child, module in block.named_children():
+        if any(name.startswith(child + ".") for name in styles):
+            styles.setdefault(child, GatherSequence())
+        elif child not in styles and (params := list(module.parameters())):
+            styles[child] = SequenceParallel() if all(p.dim() == 1 for p in params) else ComputeWhole()
+    return styles
 
 
-def moe_block_plan() -> dict[str, ParallelStyle]:
-    """The plan of a block whose FFN is a mixture of experts: attention as in `block_plan`; the MoE FFN gets the
-    whole sequence as a plain tensor (an all-gather), computes it replicated on every tp rank, and hands on its
-    rank's sequence shard (a slice; backward: an all-gather of the output gradient, a slice of the input's)."""
-    plan = {name: style for name, style in block_plan().items() if not name.startswith("feed_forward")}
-    plan["feed_forward"] = PrepareModuleInputOutput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
-    return plan
-
-
-def model_plan(model: Transformer, *, loss_parallel: bool = False) -> dict[str, ParallelStyle]:
-    """The plan of the parts outside the blocks; a pipeline stage may lack some of them."""
-    plan: dict[str, ParallelStyle] = {}
-    if model.tok_embeddings is not None:
+def model_styles(model: CausalLM, *, loss_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """The styles of the parts outside the blocks; a pipeline stage may lack some of them."""
+    parts, styles = model.lm_parts, {}
+    if model.embedding_module is not None:
         # Each rank looks up the tokens of its vocabulary rows; the partial sums are reduce-scattered
         # over the sequence dim, which is what the first block's sequence-parallel norm expects.
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if model.norm is not None:
-        plan["norm"] = SequenceParallel()
-    if model.output is not None:
-        plan["output"] = ColwiseParallel(
+        styles[parts.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.final_norm is not None:
+        styles[parts.norm] = SequenceParallel()
+    if model.output_head is not None:
+        styles[parts.head] = ColwiseParallel(
             input_layouts=Shard(1),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
-    return plan
+    return styles
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, cfg: Config, *, loss_parallel: bool = False) -> Transformer:
+def apply_tp(model: CausalLM, tp_mesh: DeviceMesh, cfg: Config, *, loss_parallel: bool = False) -> CausalLM:
     """Split `model` (or a pipeline chunk of it) across the ranks of the 1-D `tp_mesh`, in place."""
     if tp_mesh.size() == 1:
         return model
+    problems = tp_problems(model, tp_mesh.size())
+    if problems:
+        raise Unsupported("; ".join(problems))
+    plan = model.block_tp_plan
     # src_data_rank=None: each rank cuts its shards from its own copy, no scatter from rank 0 (one per parameter):
-    # every rank built the same weights from the seed.
-    parallelize_module(model, tp_mesh, model_plan(model, loss_parallel=loss_parallel), src_data_rank=None)
-    for block in model.layers.values():
-        moe = isinstance(block.feed_forward, MoEFeedForward)
-        parallelize_module(block, tp_mesh, moe_block_plan() if moe else block_plan(), src_data_rank=None)
+    # every rank holds the same values (on the meta device, nothing yet: they are filled in per piece afterwards).
+    parallelize_module(model, tp_mesh, model_styles(model, loss_parallel=loss_parallel), src_data_rank=None)
+    for path, block in model.block_paths():
+        parallelize_module(block, tp_mesh, block_styles(block, plan, path), src_data_rank=None)
+    if model.wb_positions is None:
+        model.set_positions(torch.arange(cfg.seq_len))
     return model
 
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.models.protocol import AttentionKernel, CausalLM, Experts, Parts
 
 
 def rotary_table(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
@@ -224,7 +225,24 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class Transformer(nn.Module):
+class KernelAttention(CausalAttention):
+    """Causal attention through another kernel (`use_attention`): context parallel's ring exchange."""
+
+    def __init__(self, kernel: AttentionKernel) -> None:
+        super().__init__()
+        self.kernel = kernel
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.kernel(q, k, v, 1.0 / math.sqrt(q.shape[-1]))
+
+
+class Transformer(CausalLM):
+    """The built-in decoder, which implements the model protocol (`models/protocol.py`) itself: every block is
+    called as `block(hidden, rope)`, with the rotary table of the positions the model is given."""
+
+    lm_parts = Parts(embedding="tok_embeddings", blocks="layers", norm="norm", head="output")
+    blocks_compile_whole = True
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -239,23 +257,59 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """GPT-2 style: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers)."""
-        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            if p.dim() == 1:
-                nn.init.ones_(p)
-            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
-                nn.init.normal_(p, std=residual_std)
-            else:
-                nn.init.normal_(p, std=0.02)
+            self.init_parameter(self.cfg, name, p)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch, seq) → logits (batch, seq, vocab); a pipeline stage maps hidden → hidden."""
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for block in self.layers.values():
-            h = block(h, self.rope)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.output(h) if self.output is not None else h
+    @staticmethod
+    @torch.no_grad()
+    def init_parameter(cfg: ModelConfig, name: str, p: torch.Tensor) -> None:
+        """Parameter `name`'s initial value, drawn into `p` from the default generator (`init_weights`, one at a
+        time: what building on the meta device replays)."""
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        else:
+            nn.init.normal_(p, std=0.02)
+
+    # -- the model protocol -------------------------------------------------------------------------------
+    def block_inputs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The rotary table: row i for the i-th token the model is given."""
+        return self.rope
+
+    def call_block(self, block: nn.Module, hidden: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        return block(hidden, rope)
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        """The rotary table's rows become those of `positions` (a table from position 0 already serves 0..n-1)."""
+        super().set_positions(positions)
+        if torch.equal(positions.cpu(), torch.arange(len(positions))) and len(positions) <= len(self.rope):
+            return
+        table = rotary_table(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta).to(self.rope.device)
+        self.rope = table.index_select(0, positions.to(self.rope.device))
+
+    @property
+    def block_tp_plan(self) -> dict[str, str]:
+        """Megatron's split of attention and the SwiGLU MLP; a mixture of experts has none (it stays whole)."""
+        return {"attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise",
+                "attention.wo": "rowwise", "feed_forward.w1": "colwise", "feed_forward.w3": "colwise",
+                "feed_forward.w2": "rowwise"}
+
+    def routed_experts(self) -> list[Experts]:
+        return [Experts(f"layers.{key}.feed_forward.experts", int(key), self.cfg.n_experts, "sorted")
+                for key in self.layers if self.cfg.is_moe_layer(int(key))]
+
+    def use_attention(self, kernel: AttentionKernel) -> None:
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.core = KernelAttention(kernel)
+
+    def layout_support(self) -> dict[str, str | None]:
+        support = super().layout_support()
+        if self.cfg.n_experts:
+            support["cp"] = ("a mixture of experts routes whole sequences (its capacity and balancing loss are per "
+                             "sequence), so splitting them would change the model")
+        return support
 
 
 def build_model(cfg: ModelConfig, seed: int) -> Transformer:
