@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,123 +33,36 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.config import Config
-from workbench.engine.model import GroupedExperts, MoEFeedForward
+from workbench.engine.parallel.expert_slice import ExpertSlice
+from workbench.models.protocol import CausalLM
+from workbench.models.transformer import GroupedExperts
+
+if TYPE_CHECKING:
+    from workbench.engine.parallel.expert_exchange import TwoLevel
 
 
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single with autograd: rows `in_splits` go out, rows `out_splits` come in."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        out_splits, in_splits = ctx.splits
-        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
-
-
-class _Exchange(torch.autograd.Function):
-    """The hierarchical exchange of a `Plan` (`expert_exchange.py`) with autograd: forward or back, and the
-    other way in backward (moving rows is a permutation; its gradient is the inverse one)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, plan, back: bool) -> torch.Tensor:
-        ctx.plan, ctx.back = plan, back
-        return plan.back(x) if back else plan.out(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return (ctx.plan.out(grad) if ctx.back else ctx.plan.back(grad)), None, None
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by `factor`."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.factor, None
-
-
-class ExpertParallelExperts(GroupedExperts):
-    """This rank's slice of a layer's experts (same parameter names, so state keys stay the bare model's),
-    taking the layer's tokens for *all* experts and exchanging them over the ep axis: in one all-to-all, or
-    through `two_level` (the hierarchical exchange) when given."""
+class ExpertParallelExperts(ExpertSlice, GroupedExperts):
+    """The built-in model's experts ("sorted" call: tokens sorted by expert, counts) as this rank's slice."""
 
     def __init__(self, full: GroupedExperts, ep_mesh: DeviceMesh, two_level: "TwoLevel | None" = None) -> None:
         n_experts, dim, hidden = full.w1.shape
-        self.ep_size, self.ep_rank = ep_mesh.size(), ep_mesh.get_local_rank()
-        self.n_local = n_experts // self.ep_size
-        super().__init__(self.n_local, dim, hidden)
-        self.group = ep_mesh.get_group()
-        self.two_level = two_level
-        from workbench.engine.parallel.expert_exchange import node_of_rank
-
-        node_of = node_of_rank()
-        self._remote = [node_of(r) != node_of(dist.get_rank()) for r in dist.get_process_group_ranks(self.group)]
-        self.network_rows = 0
-        """Token rows this rank sent to ranks on other nodes in its last forward's exchange (the traffic count)."""
-        lo = self.ep_rank * self.n_local
-        with torch.no_grad():
-            for name in ("w1", "w2", "w3"):
-                getattr(self, name).copy_(getattr(full, name)[lo:lo + self.n_local])
+        with torch.device(full.w1.device):  # a model laid out on the meta device gets meta slices
+            GroupedExperts.__init__(self, n_experts // ep_mesh.size(), dim, hidden)
+        self._slice_of(n_experts, ep_mesh, two_level)
+        if not full.w1.is_meta:
+            lo = self.ep_rank * self.n_local
+            with torch.no_grad():
+                for name in ("w1", "w2", "w3"):
+                    getattr(self, name).copy_(getattr(full, name)[lo:lo + self.n_local])
 
     def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """tokens sorted by (global) expert, counts (n_experts,) → their outputs, same order."""
-        ep, n_local = self.ep_size, self.n_local
-        if self.two_level is not None:
-            return self._forward_two_level(tokens, counts)
-        # 1. counts: after the exchange, received[s, j] = rows rank s sends for local expert j.
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts.contiguous(), group=self.group)
-        received = received.view(ep, n_local)
-        send_splits = counts.view(ep, n_local).sum(dim=1).tolist()
-        recv_splits = received.sum(dim=1).tolist()  # the host sync the variable splits need
-        self.network_rows = sum(n for n, remote in zip(send_splits, self._remote) if remote)
-        # 2. tokens out; what arrives is grouped by source rank, then by local expert: regroup by expert.
-        arrived = _AllToAll.apply(tokens, recv_splits, send_splits, self.group)
-        return self._experts_and_back(tokens, arrived, received, lambda out: _AllToAll.apply(
-            out, send_splits, recv_splits, self.group))
-
-    def _forward_two_level(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # 1. every ep rank's counts: each rank plans both levels of the exchange from the whole matrix.
-        everyone = counts.new_empty(self.ep_size * counts.numel())
-        dist.all_gather_into_tensor(everyone, counts.contiguous(), group=self.group)
-        rows = everyone.view(self.ep_size, self.ep_size, self.n_local).sum(dim=2).tolist()  # rows[s][r]: s sends r
-        plan = self.two_level.plan(rows)
-        self.network_rows = plan.network_rows
-        received = everyone.view(self.ep_size, self.ep_size, self.n_local)[:, self.ep_rank]
-        # 2. tokens out in two levels; they arrive as the flat exchange delivers them (by source rank).
-        arrived = _Exchange.apply(tokens, plan, False)
-        return self._experts_and_back(tokens, arrived, received, lambda out: _Exchange.apply(out, plan, True))
-
-    def _experts_and_back(self, tokens: torch.Tensor, arrived: torch.Tensor, received: torch.Tensor,
-                          send_back) -> torch.Tensor:
-        ep, n_local = self.ep_size, self.n_local
-        expert_of_row = torch.repeat_interleave(
-            torch.arange(n_local, device=tokens.device).repeat(ep), received.flatten())
-        by_expert = torch.argsort(expert_of_row, stable=True)
-        # The weights' gradient summed every ep rank's tokens: 1/ep of the output's gradient makes it a mean, and
-        # ep times the input's gradient leaves the tokens' gradient as it was (the experts are linear in it).
-        local = _ScaleGrad.apply(arrived[by_expert], float(ep))
-        out = _ScaleGrad.apply(super().forward(local, received.sum(dim=0)), 1.0 / ep)
-        # 3. outputs back to where their tokens came from, in the arrival order.
-        return send_back(out[torch.argsort(by_expert)])
+        return self.exchange(tokens, counts, super().forward)
 
 
-def apply_ep(model: nn.Module, mesh: DeviceMesh, cfg: Config) -> nn.Module:
-    """Replace every MoE layer's experts by this rank's 1/ep slice that exchanges tokens over `mesh["ep"]`
-    (in two levels, node by node, when cfg.expert_exchange is "hierarchical")."""
+def apply_ep(model: CausalLM, mesh: DeviceMesh, cfg: Config) -> CausalLM:
+    """Replace every MoE layer's experts (the model protocol's `routed_experts`) by this rank's 1/ep slice that
+    exchanges tokens over `mesh["ep"]` (in two levels, node by node, when cfg.expert_exchange is "hierarchical")."""
     if cfg.ep == 1:
         return model
     two_level = None
@@ -157,15 +70,24 @@ def apply_ep(model: nn.Module, mesh: DeviceMesh, cfg: Config) -> nn.Module:
         from workbench.engine.parallel.expert_exchange import two_level_exchange
 
         two_level = two_level_exchange(mesh, "ep")
-    for moe in model.modules():
-        if isinstance(moe, MoEFeedForward) and not isinstance(moe.experts, ExpertParallelExperts):
-            moe.experts = ExpertParallelExperts(moe.experts, mesh["ep"], two_level).to(moe.experts.w1.device)
+    for experts in model.routed_experts():
+        parent, _, name = experts.path.rpartition(".")
+        owner = model.get_submodule(parent)
+        full = owner._modules[name]
+        if isinstance(full, ExpertSlice):
+            continue
+        if experts.call == "sorted":
+            owner._modules[name] = ExpertParallelExperts(full, mesh["ep"], two_level)
+        else:
+            from workbench.engine.parallel.expert_routed import routed_slice
+
+            owner._modules[name] = routed_slice(full, mesh["ep"], two_level)
     return model
 
 
-def expert_modules(model: nn.Module) -> list[tuple[str, ExpertParallelExperts]]:
+def expert_modules(model: nn.Module) -> list[tuple[str, ExpertSlice]]:
     """(name in `model`, module) of every expert-parallel slice: what data parallel and state export treat apart."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, ExpertParallelExperts)]
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, ExpertSlice)]
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workbench.engine.parallel.expert import ExpertSlice
+from workbench.engine.parallel.expert_slice import ExpertSlice
 
 _SLICED: dict[type, type] = {}
 
