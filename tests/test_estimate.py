@@ -451,11 +451,10 @@ def test_offload_moves_optimizer_state_to_a_host_figure():
 
 def test_v_placement_puts_the_embedding_and_the_head_on_rank_0_and_split_backwards_shrink_the_bubble():
     from workbench.estimate.predict import bubble_slots
-    from workbench.estimate.stage import stage_shape
-    from workbench.schedules import rank_layers
+    from workbench.estimate.stage import stage_shapes
 
     cfg = Config(pp=2, dp=2, zero=2, schedule="zbv", micro_batches=4, model=ModelConfig(n_layers=4))
-    shapes = [stage_shape(cfg, r, layers) for r, layers in enumerate(rank_layers(cfg))]
+    shapes = stage_shapes(cfg)
     assert shapes[0].stages == (0, 3) and shapes[0].first and shapes[0].last
     assert shapes[1].stages == (1, 2) and not shapes[1].first and not shapes[1].last
     assert shapes[0].params > shapes[1].params  # the embedding and the head

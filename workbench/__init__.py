@@ -11,6 +11,7 @@ from workbench.emulation import Cluster
 from workbench.estimate import Estimate, estimate
 from workbench.hardware import Hardware
 from workbench.plan import Plan, plan
+from workbench.schedules import lighter_ends
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RankFrozen, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.runs import LayoutChange
@@ -18,7 +19,7 @@ from workbench.workbench import Run, Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "RankFrozen", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
-           "Hardware", "plan", "Plan", "Cluster"]
+           "Hardware", "plan", "Plan", "Cluster", "lighter_ends"]
 __version__ = "0.1.0"
 
 

@@ -45,16 +45,34 @@ def context_parallel_splits_sequences(cfg: Config) -> None:
                      "set cp=1 with a mixture of experts, or use a dense model")
 
 
+def stage_layers_cut_the_model(cfg: Config) -> None:
+    """Uneven pipeline stages: one count per stage, every stage holding a block, all the blocks held once."""
+    sizes = cfg.stage_layers
+    if not sizes:
+        return
+    if cfg.pp == 1:
+        raise refuse("stage_layers", f"stage_layers={sizes} sizes pipeline stages, but pp=1", "set pp ≥ 2 or "
+                     "stage_layers=()")
+    stages, n_layers = cfg.pp * config_stages(cfg), cfg.model.n_layers
+    if len(sizes) != stages:
+        raise refuse("stage_layers", f"{len(sizes)} counts for {stages} pipeline stages (pp={cfg.pp} × "
+                     f"{config_stages(cfg)} per rank under {cfg.schedule})", f"give {stages} counts, e.g. "
+                     f"wb.lighter_ends({n_layers}, {stages})")
+    if min(sizes) < 1 or sum(sizes) != n_layers:
+        raise refuse("stage_layers", f"{sizes} must each be ≥ 1 and sum to model.n_layers={n_layers} "
+                     f"(they sum to {sum(sizes)})", f"e.g. wb.lighter_ends({n_layers}, {stages})")
+
+
 def degrees_fit_the_model(cfg: Config) -> None:
     """tp splits heads and the MLP, pp (times the interleaved stages) the layers, ep the experts, both the sequence."""
-    cfg.degrees.check_model(cfg.model, config_stages(cfg))
+    cfg.degrees.check_model(cfg.model, config_stages(cfg), uneven=bool(cfg.stage_layers))
     cfg.degrees.check_sequence(cfg.seq_len)
 
 
 def v_schedule_splits_the_layers(cfg: Config) -> None:
     """ZBV and DualPipeV hold two stages per rank whatever stages_per_rank says: 2·pp stages cut the layers."""
     n_layers = cfg.model.n_layers
-    if cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp):
+    if cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp) and not cfg.stage_layers:
         fits = [p for p in range(2, n_layers // 2 + 1) if n_layers % (2 * p) == 0]
         raise refuse("pp", f"{cfg.schedule} holds 2 stages per rank (rank r: stages r and 2·pp-1-r), so "
                      f"2·pp = {2 * cfg.pp} stages must divide model.n_layers={n_layers}",
@@ -231,6 +249,7 @@ def replica_check_has_replicas(cfg: Config) -> None:
 RULES: tuple[Callable[[Config], None], ...] = (
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
+    stage_layers_cut_the_model,
     v_schedule_splits_the_layers,
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,

@@ -68,6 +68,10 @@ class Config:
     stages_per_rank: int = 2
     """Model chunks per pipeline rank for "interleaved_1f1b" and "interleaved_zb" (ignored by the others; "zbv"
     and "dualpipev" always hold 2, in V placement)."""
+    stage_layers: tuple[int, ...] = ()
+    """Blocks in each pipeline stage, in stage order (pp·stages per rank counts, each ≥ 1, summing to
+    model.n_layers), e.g. `wb.lighter_ends(126, 8)` = (15, 16, ..., 16, 15): torchtitan's first and last stages
+    lighter, as they also hold the embedding and the head. (): an even split."""
     activation_checkpointing: Recompute = "none"
     """Recompute activations in backward: "none", "selective" (every other block), "full", or "op" (per op in
     every block: torchtitan's selective op policy, every other matmul output and the attention output kept)."""

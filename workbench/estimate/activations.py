@@ -60,10 +60,8 @@ def stage_activations(st: Stage) -> dict[int, int]:
     is held between steps whatever is in flight and counted under buffers, so the first block's figure is
     taken without it.
     """
-    per_chunk = len(st.layers) // st.chunks
     saved = {}
-    for c, stage in enumerate(st.stages):
-        layers = st.layers[c * per_chunk:(c + 1) * per_chunk]
+    for stage, layers in zip(st.stages, st.chunk_layers):
         kept = sum(layer_activations(st, i) for i in layers if not st.is_checkpointed(i)) \
             + st.count_checkpointed(layers) * st.residual()
         received = st.residual() if stage > 0 else 0

@@ -100,10 +100,8 @@ def edge_saved(st: Stage, dt: Dtypes, features: Features, first: bool, last: boo
 def stage_saved(st: Stage, dt: Dtypes, features: Features) -> dict[int, int]:
     """Bytes one micro-batch leaves saved in each pipeline stage this rank holds, by global stage index (the
     received input is a receive buffer, as on CPU: `activations.stage_activations`)."""
-    per_chunk = len(st.layers) // st.chunks
     saved = {}
-    for c, stage in enumerate(st.stages):
-        layers = st.layers[c * per_chunk:(c + 1) * per_chunk]
+    for stage, layers in zip(st.stages, st.chunk_layers):
         # Blocks alike (same recomputation, dense or MoE) keep alike: one of each kind, times how many.
         kinds = Counter((policy(st, i), st.cfg.model.is_moe_layer(i)) for i in layers)
         kept = sum(n * layer_saved(st, dt, features, _example(st, layers, kind)) for kind, n in kinds.items())

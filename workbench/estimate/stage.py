@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from workbench.config import FP8, Config, checkpointed_blocks
-from workbench.schedules import config_rank_stages, config_stages, rank_layers
+from workbench.schedules import config_rank_stages, config_stages, rank_stage_layers
 from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
 
 
@@ -27,6 +27,8 @@ class Stage:
     """Pipeline rank (0 with pp = 1)."""
     layers: tuple[int, ...]
     """Global indices of the blocks this rank holds, in order (all its chunks when interleaved)."""
+    chunk_layers: tuple[tuple[int, ...], ...]
+    """The blocks of each of its stages, in `stages` order (equal in size, or as Config.stage_layers cut them)."""
     chunks: int
     """Pipeline stages (model chunks) per rank: stages_per_rank when interleaved, else 1."""
     stages: tuple[int, ...]
@@ -117,8 +119,10 @@ class Stage:
         return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
 
 
-def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
+def stage_shape(cfg: Config, rank: int) -> Stage:
     m, tp = cfg.model, cfg.tp
+    chunk_layers = tuple(rank_stage_layers(cfg, rank))
+    layers = tuple(i for chunk in chunk_layers for i in chunk)
     chunks = config_stages(cfg)
     checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
     # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
@@ -143,7 +147,7 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
     # router (and the shared expert's three matrices).
     tensors = 9 * len(layers) + first + 2 * last + len(moe_layers) * (1 + 3 * m.shared_expert)
     return Stage(
-        cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
+        cfg=cfg, rank=rank, layers=layers, chunk_layers=chunk_layers, chunks=chunks, stages=stages,
         boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
         block_matmul=block_matmul, block_params=block_params, embedding=embedding, head=head, root=root,
         moe_layers=moe_layers, expert_params=expert_params, params=params, tensors=tensors,
@@ -154,4 +158,4 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
 
 def stage_shapes(cfg: Config) -> list[Stage]:
     """Every pipeline rank's shape, in rank order."""
-    return [stage_shape(cfg, rank, layers) for rank, layers in enumerate(rank_layers(cfg))]
+    return [stage_shape(cfg, rank) for rank in range(cfg.pp)]

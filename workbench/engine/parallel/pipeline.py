@@ -1,7 +1,9 @@
 """Pipeline parallel: the model cut into chunks of consecutive blocks, run by torch's schedules.
 
 The transformer's blocks are split into pp·v chunks (v = stages_per_rank for
-the interleaved schedules, 2 for the V-shaped ones, else 1); the embedding
+the interleaved schedules, 2 for the V-shaped ones, else 1), of equal size or
+of the sizes Config.stage_layers gives (torchtitan's first and last stages
+lighter, as they also hold the embedding and the head); the embedding
 goes with the first chunk and the final norm and output head with the last. A
 chunk is the model itself with the other blocks deleted and the other parts
 set to None, so its parameter names stay those of the full model
@@ -290,7 +292,7 @@ def build_pipeline(model: Transformer, mesh: DeviceMesh, cfg: Config, loss_fn: L
     device = torch.device(device)
     per_rank = config_stages(cfg)
     n_stages = pp * per_rank
-    layers = split_layers(model.cfg.n_layers, n_stages)
+    layers = split_layers(model.cfg.n_layers, n_stages, cfg.stage_layers)
     loss = _MicroBatchLoss(loss_fn, cfg.micro_batches)
 
     stages: list[_TimedStage] = []
