@@ -143,8 +143,8 @@ def batch_splits_and_sequence_fits(cfg: Config) -> None:
 def zero_has_ranks_to_shard_over(cfg: Config) -> None:
     # The cp ranks hold the same weights and average their gradients with the dp ranks: ZeRO shards over dp·cp.
     if cfg.zero > 0 and cfg.dp * cfg.cp == 1:
-        raise refuse("zero", f"ZeRO stage {cfg.zero} shards across data-parallel ranks, but dp=1",
-                     "set dp ≥ 2 or zero=0")
+        raise refuse("zero", f"ZeRO stage {cfg.zero} shards across the data-parallel and context-parallel ranks "
+                     "(dp·cp), but dp·cp=1", "set dp ≥ 2 (or cp ≥ 2), or zero=0")
     if cfg.zero == 1 and cfg.dp > 1 and cfg.tp > 1:
         # torch 2.13: ZeroRedundancyOptimizer broadcasts each updated parameter with c10d.broadcast,
         # which has no DTensor sharding rule, so its step fails on tensor-parallel parameters.
