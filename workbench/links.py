@@ -104,11 +104,14 @@ class Link:
 # (baseLat: ring Simple 8.4 µs, tree Simple 0). Bandwidths are line rates, one direction.
 NVLINK4 = Link("NVLink 4", hardware.H100.link_bw, 3.4 * US, 28 * US)  # 18 links, 900 GB/s both ways (H100 datasheet)
 NVLINK3 = Link("NVLink 3", hardware.A100.link_bw, 3.4 * US, 28 * US)  # 12 links, 600 GB/s both ways (A100 datasheet)
+NVLINK5 = Link("NVLink 5", hardware.B200.link_bw, 3.4 * US, 28 * US)  # 18 links, 1.8 TB/s both ways (Blackwell)
 # PCI-SIG PCIe 4.0 x16: 16 GT/s × 16 lanes × 128/130 encoding = 31.5 GB/s each way.
 PCIE4 = Link("PCIe 4.0 x16", 16e9 * 16 * 128 / 130 / 8, 5.7 * US, 28 * US)
 # InfiniBand NDR 400 Gb/s (ConnectX-7; DGX H100 has one per GPU) and HDR 200 Gb/s (ConnectX-6; DGX A100, one per GPU).
 IB_NDR400 = Link("InfiniBand NDR 400 Gb/s", 400e9 / 8, 9.6 * US, 50 * US)
 IB_HDR200 = Link("InfiniBand HDR 200 Gb/s", 200e9 / 8, 9.6 * US, 50 * US)
+# InfiniBand XDR 800 Gb/s (ConnectX-8 SuperNIC, one per GPU on GB300 NVL72).
+IB_XDR800 = Link("InfiniBand XDR 800 Gb/s", 800e9 / 8, 9.6 * US, 50 * US)
 # 25 Gigabit Ethernet over kernel TCP (NCCL's socket transport). NCCL has no socket figure; a one-way small
 # message through the kernel TCP stack is ~half a netperf TCP_RR round trip, tens of µs: 30 µs per step is an
 # order of magnitude, not a measurement.
@@ -178,6 +181,12 @@ _PRESETS: dict[str, tuple[str, Link, Link, int, int | None, str]] = {
     "h100-ib": ("h100", NVLINK4, IB_NDR400, 8, None, "DGX H100: NVLink 4 inside, one 400 Gb/s InfiniBand port per GPU"),
     "a100-ib": ("a100", NVLINK3, IB_HDR200, 8, None, "DGX A100: NVLink 3 inside, one 200 Gb/s InfiniBand port per GPU"),
     "h100-25gbe": ("h100", PCIE4, ETH_25G, 8, 1, "8 PCIe H100s per node, one 25 GbE port per node"),
+    "b200-ib": ("b200", NVLINK5, IB_NDR400, 8, None, "DGX B200: NVLink 5 inside, one 400 Gb/s ConnectX-7 per GPU"),
+    # NVL72: the 72 GPUs of a rack are one NVLink domain (the "node" here); racks meet over one NIC per GPU.
+    "gb200-nvl72": ("gb200", NVLINK5, IB_NDR400, 72, None,
+                    "GB200 NVL72: 72 GPUs on NVLink 5, one 400 Gb/s ConnectX-7 per GPU between racks"),
+    "gb300-nvl72": ("gb300", NVLINK5, IB_XDR800, 72, None,
+                    "GB300 NVL72: 72 GPUs on NVLink 5, one 800 Gb/s ConnectX-8 per GPU between racks"),
 }
 
 
@@ -187,8 +196,9 @@ def presets() -> dict[str, str]:
 
 
 def preset(name: str, *, nodes: int = 1, gpus_per_node: int | None = None) -> Topology:
-    """A named cluster ("h100-ib", "a100-ib", "h100-25gbe") with `nodes` nodes of `gpus_per_node` GPUs (default:
-    the preset's 8); an unknown name is refused with the list."""
+    """A named cluster ("h100-ib", "a100-ib", "h100-25gbe", "b200-ib", "gb200-nvl72", "gb300-nvl72") with `nodes`
+    nodes (NVLink domains) of `gpus_per_node` GPUs (default: the preset's 8, or 72); an unknown name is refused
+    with the list."""
     try:
         gpu, intra, network, per_node, nics, _ = _PRESETS[name]
     except KeyError:
