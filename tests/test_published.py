@@ -68,8 +68,8 @@ TORCHTITAN = (
         Features(), 8532, 76.8),
     # Table 4: 2D (FSDP 32 × TP 8), Llama 3.1 70B, 256 GPUs, local batch 16, full AC, compile + Float8 (under
     # tensor parallel, which the engine lacks: an estimate-only feature), loss parallel.
-    Run("70B FSDP 32 × TP 8 + compile + Float8", _llama("70b", 256, 16, "full", tp=8, compile=True), "h100-96gb",
-        Features(float8_tp=True, loss_parallel=True), 829, 71.9),
+    Run("70B FSDP 32 × TP 8 + compile + Float8", _llama("70b", 256, 16, "full", tp=8, compile=True, precision=FP8),
+        "h100-96gb", Features(loss_parallel=True), 829, 71.9),
 )
 
 HELD_OUT = (
@@ -95,12 +95,13 @@ HELD_OUT = (
     # 4,378 and Float8 tensorwise 5,078.1 (no memory figures). Loss parallel is torchtitan's default with TP.
     Run("70B FSDP 32 × TP 8 + compile, bf16 (2025)", _llama("70b", 256, 16, "full", tp=8, compile=True),
         "h100-96gb", Features(loss_parallel=True), 597.3, None),
-    Run("70B FSDP 32 × TP 8 + compile + Float8 (2025)", _llama("70b", 256, 16, "full", tp=8, compile=True),
-        "h100-96gb", Features(float8_tp=True, loss_parallel=True), 809.8, None),
+    Run("70B FSDP 32 × TP 8 + compile + Float8 (2025)", _llama("70b", 256, 16, "full", tp=8, compile=True,
+                                                               precision=FP8), "h100-96gb",
+        Features(loss_parallel=True), 809.8, None),
     Run("8B FSDP 8 × TP 8 + compile, bf16 (2025)", _llama("8b", 64, 12, "op", tp=8, compile=True), "h100-96gb",
         Features(loss_parallel=True), 4378, None),
-    Run("8B FSDP 8 × TP 8 + compile + Float8 (2025)", _llama("8b", 64, 12, "op", tp=8, compile=True), "h100-96gb",
-        Features(float8_tp=True, loss_parallel=True), 5078.1, None),
+    Run("8B FSDP 8 × TP 8 + compile + Float8 (2025)", _llama("8b", 64, 12, "op", tp=8, compile=True, precision=FP8),
+        "h100-96gb", Features(loss_parallel=True), 5078.1, None),
 )
 
 

@@ -155,6 +155,8 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
                    "debug.seed": cfg.seed, "checkpoint.enable": True, "checkpoint.interval": launch.save_every})
     if launch.async_save:
         layout["checkpoint.async_mode"] = "async"
+    if cfg.async_tp:
+        layout["parallelism.enable_async_tensor_parallel"] = True
     if cfg.compile:
         # Per transformer block, as the workbench compiles (torchtitan's default also compiles the loss).
         layout.update({"compile.enable": True, "compile.components": "model", "compile.backend": cfg.compile_backend})
@@ -285,6 +287,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         f"data_parallel_shard_degree = {shard}",
         f'fsdp_reshard_after_forward = "{reshard}"',
         f"tensor_parallel_degree = {cfg.tp}",
+        *(["enable_async_tensor_parallel = true"] if cfg.async_tp else []),
         f"pipeline_parallel_degree = {cfg.pp}",
         *pp_lines,
         f"context_parallel_degree = {cfg.cp}",
@@ -307,8 +310,11 @@ def _float8_lines(cfg: Config) -> list[str]:
     """torchtitan's [float8] section for an fp8 precision (its model converter "float8"); none otherwise."""
     if cfg.precision not in FP8:
         return []
+    if cfg.precision == "mxfp8":
+        return ["[mx]", 'recipe_name = "mxfp8"', ""]
     if cfg.precision == "fp8_rowwise":
         return ["[float8]", 'recipe_name = "rowwise"', ""]
-    fsdp = str(cfg.zero >= 2).lower()  # tensorwise: weights all-gathered in fp8 under FSDP2, as the workbench does
+    # tensorwise: weights all-gathered in fp8 under FSDP2 unless Config.fp8_all_gather says not, as the workbench
+    fsdp = str(cfg.zero >= 2 and cfg.fp8_all_gather).lower()
     return ["[float8]", f"enable_fsdp_float8_all_gather = {fsdp}",
             f"precompute_float8_dynamic_scale_for_fsdp = {fsdp}", ""]

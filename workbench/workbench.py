@@ -158,7 +158,7 @@ class Workbench:
         cfg.check_world(self.pool.world_size)
         caps = self.capabilities
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
-                         cuda=caps["device"].startswith("cuda"))
+                         cuda=caps["device"].startswith("cuda"), mx=caps.get("mx", False))
         if self.cluster is not None and self.cluster.dilation is None:
             try:  # the measured dilation divides by the cluster GPU's estimated compute of this layout
                 target_compute_s(cfg, self.cluster, 0)

@@ -19,6 +19,7 @@ needs nothing.
 
 from workbench.config.choices import (
     FP8,
+    MX,
     CompileBackend,
     Compression,
     MixedPrecision,
@@ -30,6 +31,7 @@ from workbench.config.choices import (
 )
 from workbench.config.degrees import Degrees, MeshLayout, divisors
 from workbench.config.help_text import (
+    ASYNC_TP_HELP,
     COMPILE_HELP,
     COMPRESSION_HELP,
     CUDA_GRAPHS_HELP,
@@ -46,7 +48,7 @@ from workbench.config.refusals import ConfigError
 from workbench.config.run import Config
 
 __all__ = [
-    "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
+    "ASYNC_TP_HELP", "MX", "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
     "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
     "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
     "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors",

@@ -221,15 +221,26 @@ def compile_settings_fit(cfg: Config) -> None:
 
 
 def fp8_fits(cfg: Config) -> None:
-    """torchao's Float8 linears: wired with FSDP2 and DDP, not with tensor parallel (which needs torchao's own
-    Float8 styles) nor with offload."""
+    """torchao's 8-bit linears: wired with FSDP2, DDP and tensor parallel (torchao's Float8 tensor-parallel styles
+    for tensorwise scales, the plain ones for the others, as torchtitan), not with offload."""
     if cfg.precision not in FP8:
         return
-    if cfg.tp > 1:
-        raise refuse("precision", f"{cfg.precision} with tp={cfg.tp}: tensor parallel fp8 needs torchao's Float8 "
-                     "tensor-parallel styles, not wired here", "use tp=1 with fp8 (any zero stage), or bf16")
     if cfg.offload:
         raise refuse("precision", f"{cfg.precision} with offload is not wired here", "set offload=False, or bf16")
+
+
+def async_tp_has_its_tensor_parallel(cfg: Config) -> None:
+    """Async TP fuses tensor parallel's collectives with its matmuls in the compiled graph (inductor's
+    micro-pipeline TP pass): there must be tensor parallel, and inductor compiling it."""
+    if not cfg.async_tp:
+        return
+    if cfg.tp == 1:
+        raise refuse("async_tp", "async TP overlaps tensor parallel's all-gathers and reduce-scatters with its "
+                     "matmuls, and tp=1 has none", "set tp ≥ 2, or async_tp=False")
+    if not cfg.compile or cfg.compile_backend != "inductor":
+        raise refuse("async_tp", "async TP is a pass of inductor over the compiled blocks (torch's micro-pipeline "
+                     f"TP), and compile={cfg.compile}, compile_backend={cfg.compile_backend!r}",
+                     'set compile=True with compile_backend="inductor", or async_tp=False')
 
 
 def replica_check_has_replicas(cfg: Config) -> None:
@@ -263,6 +274,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     fsdp_mixed_precision_has_its_setting,
     compile_settings_fit,
     fp8_fits,
+    async_tp_has_its_tensor_parallel,
     replica_check_has_replicas,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""

@@ -120,13 +120,21 @@ class Stage:
 
 
 def stage_shape(cfg: Config, rank: int) -> Stage:
+    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
+    return _shape(cfg, rank, tuple(config_rank_stages(cfg, rank)), tuple(rank_stage_layers(cfg, rank)))
+
+
+def chunk_shapes(st: Stage) -> list[Stage]:
+    """Each pipeline stage (model chunk) `st`'s rank holds, as a shape of its own: what one forward or backward
+    action of the schedule computes."""
+    return [_shape(st.cfg, st.rank, (stage,), (layers,)) for stage, layers in zip(st.stages, st.chunk_layers)]
+
+
+def _shape(cfg: Config, rank: int, stages: tuple[int, ...], chunk_layers: tuple[tuple[int, ...], ...]) -> Stage:
     m, tp = cfg.model, cfg.tp
-    chunk_layers = tuple(rank_stage_layers(cfg, rank))
     layers = tuple(i for chunk in chunk_layers for i in chunk)
     chunks = config_stages(cfg)
     checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
-    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
-    stages = tuple(config_rank_stages(cfg, rank))
     last_stage = cfg.pp * chunks - 1
     first, last = 0 in stages, last_stage in stages
     # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from workbench.config import FP8
 from workbench.estimate.expert import assignments
-from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_time, memory_time
+from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_parts, linear_time, memory_time
+from workbench.estimate.low_precision import cast_bytes
+from workbench.estimate.low_precision import gemm_precision as gemm_precision_of
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
 from workbench.estimate.stage import Stage
@@ -45,6 +47,12 @@ class MicroBatchCompute:
     memory_bound: float
     forward: float
     backward: float
+    tp_gather_gemm: float = 0.0
+    """GEMMs that read what a sequence-parallel all-gather brings (the column-parallel linears' forwards, the
+    row-parallel ones' backward) and that async TP runs beside it."""
+    tp_scatter_gemm: float = 0.0
+    """GEMMs whose output a sequence-parallel reduce-scatter sums (the row-parallel linears' forwards, the
+    column-parallel ones' input gradients)."""
 
     @property
     def total(self) -> float:
@@ -61,8 +69,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
     parallel DTensor's gathers and reduce-scatters along the sequence dim copy the gathered tensor once (2·D each).
     Compiled (torch.compile per block, Features.compile): each fused region reads its inputs and writes its
     outputs once: norm (r + a)·D, rotary 2a per element, add + norm 2(r + a)·D, silu·product 3a·F, the last add.
-    Float8 linears cast each linear's input and output gradient to fp8 with a transposed copy for the weight
-    gradient: about 5 bytes per element of every linear's fan-in and fan-out."""
+    The casts of 8-bit and 4-bit linears are `low_precision.cast_bytes`, counted apart."""
     m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     if dt.fused:
@@ -75,41 +82,53 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
         gathered = (2 * 6 * d if dt.weight_copies else 0) + (2 * 2 * r * d if tp > 1 else 0)
     if tp > 1:
         gathered += 2 * 2 * a * d  # the reduce-scatters' input copies
-    fp8 = 5 * (2 * d + 2 * d + 2 * (d + kv) + 3 * (d + f)) if dt.float8 else 0.0
-    return sharded / tp + heads / tp + gathered + fp8 / tp
+    return sharded / tp + heads / tp + gathered
 
 
 def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware) -> MicroBatchCompute:
     """One micro-batch's kernels on `hw`, for this stage."""
     cfg, m, tp, t = st.cfg, st.cfg.model, st.cfg.tp, st.tokens
     a = dt.compute
-    # Float8 linears run at the fp8 rate; attention and the head stay in the bf16 beside them.
+    # 8-bit (and NVFP4) linears run at their format's rate; attention and the head stay in the bf16 beside them.
     base = "bf16" if cfg.precision in FP8 else cfg.precision
-    gemm_precision = "fp8" if dt.float8 else base
-    gemm_bytes = 1 if dt.float8 else a
+    nvfp4_blocks = round(features.nvfp4 * m.n_layers)  # the first blocks (torchtitan's recipe keeps the last in bf16)
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     q = m.n_heads * m.head_dim
     attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
     mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
     recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
+    row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
+    # Async TP multiplies the sequence's tp shards as they arrive (and sends the output's as they are done).
+    chunks = tp if cfg.async_tp else 1
+    tp_gather = tp_scatter = 0.0
 
-    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = 0.0
+    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = cast_fwd = cast_bwd = 0.0
     fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
-    # Blocks alike (same recomputation, dense or MoE) cost alike: price one of each kind, times how many.
-    kinds = Counter((policy(st, layer), m.is_moe_layer(layer)) for layer in st.layers)
-    for (how, moe), count in kinds.items():
-        fwd = bwd = 0.0
+    # Blocks alike (same recomputation, dense or MoE, linears' format) cost alike: one of each kind, times how many.
+    kinds = Counter((policy(st, layer), m.is_moe_layer(layer), layer < nvfp4_blocks) for layer in st.layers)
+    for (how, moe, fp4), count in kinds.items():
+        gemm_precision, gemm_bytes = gemm_precision_of(dt, base, fp4)
+        recipe = "nvfp4" if fp4 else dt.recipe
+        if recipe:
+            c_fwd, c_bwd = cast_bytes(st, dt, recipe)
+            cast_fwd += count * t * c_fwd
+            cast_bwd += count * t * (c_bwd + (c_fwd if how != "none" else 0.0))  # recomputation casts again
+        fwd = bwd = gathered = scattered = 0.0
         for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
-            one = linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, backward=False)
+            one, dgrad, wgrad = linear_parts(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, chunks)
+            again = how == "block" or (how == "op" and i in recomputed_op)
             fwd += one
-            bwd += linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, forward=False)
-            if how == "block" or (how == "op" and i in recomputed_op):
-                bwd += one
+            bwd += dgrad + wgrad + (one if again else 0.0)
+            if i in row_parallel:
+                scattered, gathered = scattered + one + (one if how == "block" else 0.0), gathered + dgrad + wgrad
+            else:
+                gathered, scattered = gathered + one + (one if again else 0.0), scattered + dgrad
         if moe:
             # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
             moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
             fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
+        tp_gather, tp_scatter = tp_gather + count * gathered, tp_scatter + count * scattered
         attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
         attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
     if st.last:
@@ -121,6 +140,7 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     recomputing = sum(policy(st, i) != "none" for i in st.layers)
     mem_fwd = per_block * len(st.layers)
     mem_bwd = 2 * mem_fwd + per_block * recomputing
+    mem_fwd, mem_bwd = mem_fwd + cast_fwd, mem_bwd + cast_bwd
     if st.last:
         # The loss, eager: the logits' fp32 copy, log_softmax's passes and nll_loss; backward's mirror of them.
         # Compiled: one pass over the logits forward (max and sum online), one reading them and writing the
@@ -131,7 +151,8 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     mem_fwd, mem_bwd = memory_time(hw, mem_fwd), memory_time(hw, mem_bwd) + _fsdp_copies(st, dt, hw)
     return MicroBatchCompute(gemm=gemm_fwd + gemm_bwd, attention=attn_fwd + attn_bwd,
                              memory_bound=mem_fwd + mem_bwd, forward=gemm_fwd + attn_fwd + mem_fwd,
-                             backward=gemm_bwd + attn_bwd + mem_bwd)
+                             backward=gemm_bwd + attn_bwd + mem_bwd, tp_gather_gemm=tp_gather,
+                             tp_scatter_gemm=tp_scatter)
 
 
 def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:

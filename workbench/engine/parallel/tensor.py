@@ -28,9 +28,27 @@ kernels are deterministic: on CPU they are (tests/engine/test_moe.py checks
 the replicas stay equal); on CUDA, `index_add_` (the MoE's combine) adds
 with atomics, which for top_k > 2 could let the replicas drift apart in the
 last bits. Experts are split over ranks by ep instead, within the dp axis.
+
+Float8 linears with tensorwise scales (precision "fp8_tensorwise") take
+torchao's Float8 styles instead of the plain ones (`Float8ColwiseParallel`,
+`Float8RowwiseParallel`, `PrepareFloat8ModuleInput`): the input is cast to fp8
+before the sequence-parallel all-gather, which then moves one byte an element,
+and the cast's scale is agreed over the tp ranks. The rowwise and MX recipes
+keep the plain styles (their scales are per row or block, local to each shard),
+as torchtitan does.
+
+Async TP (Config.async_tp, CUDA only) is torch's micro-pipelined tensor
+parallel: with `torch._inductor.config._micro_pipeline_tp` set, inductor finds
+each all-gather feeding a matmul and each matmul feeding a reduce-scatter in
+the compiled block and replaces the pair by a fused op that computes the matmul
+in tp chunks while the chunks move through symmetric memory (peers writing into
+each other's buffers over NVLink), so only the first (or last) chunk's transfer
+is waited for. The tp group's symmetric memory is enabled once, here.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.distributed as dist
@@ -50,22 +68,37 @@ from workbench.config import Config
 from workbench.engine.model import MoEFeedForward, Transformer
 
 
-def block_plan() -> dict[str, ParallelStyle]:
-    """The plan of one transformer block; its input and output are sharded over the sequence dim."""
+def _styles(float8: bool) -> tuple[type, type, type]:
+    """(column, row, module-input) styles: torch's, or torchao's Float8 ones for tensorwise Float8 linears."""
+    if not float8:
+        return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+
+
+def block_plan(float8: bool = False) -> dict[str, ParallelStyle]:
+    """The plan of one transformer block; its input and output are sharded over the sequence dim. `float8`: its
+    linears are torchao Float8Linear with tensorwise scales (their inputs gathered in fp8)."""
+    colwise, rowwise, prepare = _styles(float8)
     return {
         "attention_norm": SequenceParallel(),
         # Gather the sequence before the projections: every rank needs all positions for its heads.
         # The second input (the rotary table) is a plain replicated buffer and passes through.
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention": prepare(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward": prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w3": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
     }
 
 
@@ -73,6 +106,7 @@ def moe_block_plan() -> dict[str, ParallelStyle]:
     """The plan of a block whose FFN is a mixture of experts: attention as in `block_plan`; the MoE FFN gets the
     whole sequence as a plain tensor (an all-gather), computes it replicated on every tp rank, and hands on its
     rank's sequence shard (a slice; backward: an all-gather of the output gradient, a slice of the input's)."""
+    # Float8 converts no expert (parallel/float8.py): the MoE block keeps torch's styles.
     plan = {name: style for name, style in block_plan().items() if not name.startswith("feed_forward")}
     plan["feed_forward"] = PrepareModuleInputOutput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
@@ -105,10 +139,36 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, cfg: Config, *, loss_paral
     # src_data_rank=None: each rank cuts its shards from its own copy, no scatter from rank 0 (one per parameter):
     # every rank built the same weights from the seed.
     parallelize_module(model, tp_mesh, model_plan(model, loss_parallel=loss_parallel), src_data_rank=None)
+    float8 = cfg.precision == "fp8_tensorwise"
     for block in model.layers.values():
         moe = isinstance(block.feed_forward, MoEFeedForward)
-        parallelize_module(block, tp_mesh, moe_block_plan() if moe else block_plan(), src_data_rank=None)
+        parallelize_module(block, tp_mesh, moe_block_plan() if moe else block_plan(float8), src_data_rank=None)
+    if cfg.async_tp:
+        enable_async_tp(tp_mesh)
+    else:
+        _disable_async_tp()
     return model
+
+
+def _disable_async_tp() -> None:
+    # The pass is a process-wide inductor setting: a layout without async TP after one with it turns it off.
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None and getattr(config, "_micro_pipeline_tp", False):
+        config._micro_pipeline_tp = False
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Let inductor micro-pipeline the tp group's collectives with their matmuls (module docstring); CUDA only:
+    the fused ops move the chunks through CUDA symmetric memory. Config.check_device refuses async_tp elsewhere
+    before any rank is touched; a rank reached some other way refuses here, saying why."""
+    if tp_mesh.device_type != "cuda":
+        raise RuntimeError(f"async_tp: async TP exchanges tensor parallel's shards through CUDA symmetric memory, and "
+                           f"this rank's tp group is on {tp_mesh.device_type}. Fix: set async_tp=False off CUDA")
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 
 
 def reduce_partial_gradients(modules) -> None:
