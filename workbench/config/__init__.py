@@ -48,8 +48,8 @@ from workbench.config.refusals import ConfigError
 from workbench.config.run import Config
 
 __all__ = [
-    "ASYNC_TP_HELP", "MX", "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
-    "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
-    "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
-    "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors",
+    "ASYNC_TP_HELP", "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression",
+    "Config", "ConfigError", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MX", "MeshLayout", "MixedPrecision",
+    "ModelConfig", "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision",
+    "RECOMPUTE_HELP", "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors",
 ]

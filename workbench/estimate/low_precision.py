@@ -56,17 +56,24 @@ def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
     raise ValueError(f"no cast model for recipe {recipe!r}")
 
 
-def cast_bytes(st: Stage, dt: Dtypes, recipe: str) -> tuple[float, float]:
-    """Bytes per token one dense block's casts move, (forward, backward), on this rank; a recomputed block's
-    recomputation costs its forward again. `recipe`: dt.recipe, or "nvfp4"."""
-    m, tp, a = st.cfg.model, st.cfg.tp, dt.compute
-    d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
-    # Inputs (fan-in, per token on this rank) of the seven linears, the shared ones once or per linear; outputs
-    # (fan-out) whose gradients are cast in backward.
-    shared = dt.fused or (tp > 1 and recipe == "tensorwise")
-    gathered = d / tp if tp > 1 and recipe == "tensorwise" else d  # cast before or after the sequence gather
-    inputs = (2 * gathered if shared else 5 * gathered) + q / tp + f / tp
-    outputs = (q + 2 * kv + 2 * f) / tp + 2 * (d / tp if tp > 1 and recipe == "tensorwise" else d)
+def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
+               linears: list[tuple[int, int, int]] | None = None) -> tuple[float, float]:
+    """Bytes per token one block's casts move, (forward, backward), on this rank; a recomputed block's
+    recomputation costs its forward again. `recipe`: dt.recipe, or "nvfp4". `linears`: a traced block's (count,
+    fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's seven."""
+    tp, a = st.cfg.tp, dt.compute
+    if linears is not None:
+        inputs = sum(n * fan_in for n, fan_in, _ in linears)
+        outputs = sum(n * fan_out for n, _, fan_out in linears)
+    else:
+        m = st.cfg.model
+        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
+        # Inputs (fan-in, per token on this rank) of the seven linears, the shared ones once or per linear;
+        # outputs (fan-out) whose gradients are cast in backward.
+        shared = dt.fused or (tp > 1 and recipe == "tensorwise")
+        gathered = d / tp if tp > 1 and recipe == "tensorwise" else d  # cast before or after the sequence gather
+        inputs = (2 * gathered if shared else 5 * gathered) + q / tp + f / tp
+        outputs = (q + 2 * kv + 2 * f) / tp + 2 * (d / tp if tp > 1 and recipe == "tensorwise" else d)
     forward = inputs * _pass_bytes(recipe, a, False)
     backward = outputs * _pass_bytes(recipe, a, False)
     if recipe == "tensorwise":

@@ -22,6 +22,7 @@ from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
 from workbench.estimate.stage import Stage
 from workbench.hardware import Hardware
+from workbench.model_profile import BlockProfile
 
 ADAMW_BYTES_PER_PARAM = 40
 """What torch's foreach AdamW reads and writes per fp32 parameter (torch/optim/adamw.py `_multi_tensor_adamw`):
@@ -91,48 +92,37 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     a = dt.compute
     # 8-bit (and NVFP4) linears run at their format's rate; attention and the head stay in the bf16 beside them.
     base = "bf16" if cfg.precision in FP8 else cfg.precision
-    nvfp4_blocks = round(features.nvfp4 * m.n_layers)  # the first blocks (torchtitan's recipe keeps the last in bf16)
-    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
-    q = m.n_heads * m.head_dim
-    attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
-    mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
-    recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
-    row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
+    d = st.profile.dim if st.profile else m.dim
+    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = cast_fwd = cast_bwd = tp_gather = tp_scatter = 0.0
+    fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
+    traced = st.profile
+    n_layers = len(traced.blocks) if traced else m.n_layers
+    nvfp4_blocks = round(features.nvfp4 * n_layers)  # the first blocks (torchtitan's recipe keeps the last bf16)
     # Async TP multiplies the sequence's tp shards as they arrive (and sends the output's as they are done).
     chunks = tp if cfg.async_tp else 1
-    tp_gather = tp_scatter = 0.0
-
-    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = cast_fwd = cast_bwd = 0.0
-    fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
-    # Blocks alike (same recomputation, dense or MoE, linears' format) cost alike: one of each kind, times how many.
-    kinds = Counter((policy(st, layer), m.is_moe_layer(layer), layer < nvfp4_blocks) for layer in st.layers)
-    for (how, moe, fp4), count in kinds.items():
-        gemm_precision, gemm_bytes = gemm_precision_of(dt, base, fp4)
+    # Blocks alike (same recomputation, kind and linears' format) cost alike: one of each kind, times how many.
+    kinds = Counter((policy(st, layer), traced.blocks[layer] if traced else m.is_moe_layer(layer),
+                     layer < nvfp4_blocks) for layer in st.layers)
+    for (how, kind, fp4), count in kinds.items():
+        precision, elem = gemm_precision_of(dt, base, fp4)
         recipe = "nvfp4" if fp4 else dt.recipe
+        if traced is not None:
+            block = traced.kinds[kind]
+            fwd, bwd, gathered, scattered = _traced_gemms(st, block, how, hw, precision, elem, base, a, chunks)
+            linears = [(g.count, *g.fans(tp)) for g in block.gemms]
+        else:
+            fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks)
+            linears = None
         if recipe:
-            c_fwd, c_bwd = cast_bytes(st, dt, recipe)
+            c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears)
             cast_fwd += count * t * c_fwd
             cast_bwd += count * t * (c_bwd + (c_fwd if how != "none" else 0.0))  # recomputation casts again
-        fwd = bwd = gathered = scattered = 0.0
-        for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
-            one, dgrad, wgrad = linear_parts(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, chunks)
-            again = how == "block" or (how == "op" and i in recomputed_op)
-            fwd += one
-            bwd += dgrad + wgrad + (one if again else 0.0)
-            if i in row_parallel:
-                scattered, gathered = scattered + one + (one if how == "block" else 0.0), gathered + dgrad + wgrad
-            else:
-                gathered, scattered = gathered + one + (one if again else 0.0), scattered + dgrad
-        if moe:
-            # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
-            moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
-            fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
         tp_gather, tp_scatter = tp_gather + count * gathered, tp_scatter + count * scattered
         attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
         attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
     if st.last:
-        vocab = -(-m.vocab_size // tp)
+        vocab = -(-(traced.vocab_size if traced else m.vocab_size) // tp)
         gemm_fwd += linear_time(hw, base, t, d, vocab, a, backward=False)
         gemm_bwd += linear_time(hw, base, t, d, vocab, a, forward=False)
 
@@ -153,6 +143,72 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
                              memory_bound=mem_fwd + mem_bwd, forward=gemm_fwd + attn_fwd + mem_fwd,
                              backward=gemm_bwd + attn_bwd + mem_bwd, tp_gather_gemm=tp_gather,
                              tp_scatter_gemm=tp_scatter)
+
+
+def _split_windows(split: str | None, how: str, again: bool, one: float, dgrad: float,
+                   wgrad: float) -> tuple[float, float]:
+    """What a linear's GEMMs add to the matmuls beside tensor parallel's gathers and reduce-scatters: a column-
+    parallel linear's forward (and its recomputation) reads a gather, its input gradient feeds a reduce-scatter;
+    a row-parallel one's forward feeds a reduce-scatter (recomputed with it only in a checkpointed block: the per-op
+    policy keeps the reduce-scatter's output), its backward reads the gathered output gradient."""
+    if split == "column":
+        return one + (one if again else 0.0), dgrad
+    if split == "row":
+        return dgrad + wgrad, one + (one if how == "block" else 0.0)
+    return 0.0, 0.0
+
+
+def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, elem: float, base: str,
+                 a: float, chunks: int = 1) -> tuple[float, float, float, float]:
+    """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
+    a mixture of experts, whose GEMMs follow), recomputed as `how` says; and of them, the matmuls beside tensor
+    parallel's gathers and reduce-scatters (`_split_windows`)."""
+    m, tp, t = st.cfg.model, st.cfg.tp, st.tokens
+    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
+    q = m.n_heads * m.head_dim
+    attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
+    mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
+    recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
+    row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
+    fwd = bwd = gathered = scattered = 0.0
+    for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
+        one, dgrad, wgrad = linear_parts(hw, precision, t, fan_in, fan_out, elem, chunks)
+        again = how == "block" or (how == "op" and i in recomputed_op)
+        fwd += one
+        bwd += dgrad + wgrad + (one if again else 0.0)
+        g, s = _split_windows("row" if i in row_parallel else "column", how, again, one, dgrad, wgrad)
+        gathered, scattered = gathered + g, scattered + s
+    if moe:
+        # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
+        moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
+        fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
+    return fwd, bwd, gathered, scattered
+
+
+def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precision: str, elem: float, base: str,
+                  a: float, chunks: int = 1) -> tuple[float, float, float, float]:
+    """Forward and backward GEMM time of one traced block: each of its linears at its traced shape, split as the
+    plan says; under the per-op policy every other one (in the order they ran) recomputed. Its routed experts (no
+    linears of their own) as one GEMM of their traced forward FLOPs, in bf16, whole on every tp rank."""
+    t = st.tokens
+    fwd = bwd = gathered = scattered = 0.0
+    for i, g in enumerate(block.gemms):
+        fan_in, fan_out = g.fans(st.cfg.tp)
+        one, dgrad, wgrad = (g.count * x for x in linear_parts(hw, precision, t, fan_in, fan_out, elem,
+                                                                chunks if g.split else 1))
+        again = how == "block" or (how == "op" and i % 2)  # the op policy keeps every other matmul's output
+        fwd += one
+        bwd += dgrad + wgrad + (one if again else 0.0)
+        w_g, w_s = _split_windows(g.split, how, again, one, dgrad, wgrad)
+        gathered, scattered = gathered + w_g, scattered + w_s
+    if block.expert_params:
+        linears = sum(2 * g.n * g.k * g.count for g in block.gemms if g.split is None) * st.profile.seq_len
+        experts = max(block.replicated_forward_flops - linears, 0.0) * st.profile.per_token(t)
+        width = max(1, round(experts / (2 * t * st.profile.dim)))
+        one = linear_time(hw, base, t, st.profile.dim, width, a, backward=False)
+        fwd += one
+        bwd += linear_time(hw, base, t, st.profile.dim, width, a, forward=False) + one * (how == "block")
+    return fwd, bwd, gathered, scattered
 
 
 def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:
