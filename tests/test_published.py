@@ -11,7 +11,7 @@ changed only when a row shows it and its citation says it (git log of workbench/
 
 The bounds: the four rows issue 18 held at 10% keep that bound. The whole table's mean and worst errors are held
 at what this model reaches (a regression shows); issue 34's target, a mean of 3% and every row within 8% on
-throughput and memory, is not reached: the README's estimator section gives the figures and what misses and why.
+throughput and memory, is not reached: docs/estimator.md gives the figures and what misses and why.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_torchtitan_throughput(run):
 REACHED = {"tput_mean": 0.31, "tput_worst": 1.62, "mem_mean": 0.093, "mem_worst": 0.24}
 """What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 30.1%, 160.8%, 9.2%, 23.9%.
 Issue 34 asks 3% mean and 8% worst for both; the rows that miss most (the B200 runs, +98-160%; the vanilla-TP
-Float8 rowwise runs, a known torchao slowdown, +24-56%) are named in the README with what is known of why."""
+Float8 rowwise runs, a known torchao slowdown, +24-56%) are named in docs/estimator.md with what is known of why."""
 
 
 def test_the_whole_published_table_does_not_regress():
@@ -95,7 +95,7 @@ def test_the_whole_published_table_does_not_regress():
 
 @pytest.mark.parametrize("run", HELD_OUT, ids=lambda r: r.name)
 def test_held_out_runs(run):
-    # Reported as they came (README), not fitted; bounded loosely so a regression shows. These are other people's
+    # Reported as they came (docs/estimator.md), not fitted; bounded loosely so a regression shows. These are other people's
     # engines (Megatron-Core with Transformer Engine's fused kernels, CUDA graphs and tp overlap): -19% to +23%
     # today. (issue 18's held-out rows are torchtitan's own and sit in TORCHTITAN now, under REACHED.)
     tps, gib = run.predict()
