@@ -25,7 +25,7 @@ TINY = ModelConfig.preset("tiny")  # 4 heads, 2 kv heads, 4 layers, MLP 384
     (dict(precision="fp8"), "precision", "bf16"),
     (dict(activation_checkpointing="some"), "activation_checkpointing", "selective"),
     (dict(zero=4), "zero", "(0, 1, 2, 3)"),
-    (dict(zero=1), "zero", "dp=1"),
+    (dict(zero=1), "zero", "dp·cp=1"),
     (dict(dp=2, tp=2, zero=1), "zero", "use zero=2"),
     (dict(dp=0), "dp", "dp > 0"),
     (dict(batch_size=-4), "batch_size", "batch_size > 0"),

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench import links
 from workbench.config import Config, ModelConfig
 from workbench.models.transformer import build_model, loss_fn
-from workbench.estimate import ASSUMPTIONS, GPU_ASSUMPTIONS, Estimate, estimate, flops_per_token
+from workbench.estimate import ASSUMPTIONS, GPU_ASSUMPTIONS, Estimate, Role, estimate, flops_per_token
 from workbench.hardware import A100, DATASHEETS, H100, H200, Hardware, cpu_with_peak, measure_cpu, profile, si
 
 TINY = ModelConfig.preset("tiny")
@@ -451,11 +451,10 @@ def test_offload_moves_optimizer_state_to_a_host_figure():
 
 def test_v_placement_puts_the_embedding_and_the_head_on_rank_0_and_split_backwards_shrink_the_bubble():
     from workbench.estimate.predict import bubble_slots
-    from workbench.estimate.stage import stage_shape
-    from workbench.schedules import rank_layers
+    from workbench.estimate.stage import stage_shapes
 
     cfg = Config(pp=2, dp=2, zero=2, schedule="zbv", micro_batches=4, model=ModelConfig(n_layers=4))
-    shapes = [stage_shape(cfg, r, layers) for r, layers in enumerate(rank_layers(cfg))]
+    shapes = stage_shapes(cfg)
     assert shapes[0].stages == (0, 3) and shapes[0].first and shapes[0].last
     assert shapes[1].stages == (1, 2) and not shapes[1].first and not shapes[1].last
     assert shapes[0].params > shapes[1].params  # the embedding and the head
@@ -465,3 +464,16 @@ def test_v_placement_puts_the_embedding_and_the_head_on_rank_0_and_split_backwar
              for s in ("1f1b", "interleaved_1f1b", "zbv", "dualpipev")}
     assert slots == {"1f1b": 3.0, "interleaved_1f1b": 1.5, "zbv": 0.5, "dualpipev": 1.0}
     assert estimate(cfg).compute_s < estimate(dataclasses.replace(cfg, schedule="1f1b", zero=0)).compute_s
+
+
+def test_zero_shards_over_the_context_parallel_ranks_with_one_data_parallel_rank():
+    # torchtitan's "FSDP 1, CP 8": FSDP2 over dp_shard·cp, so with dp = 1 the 8 cp ranks shard everything.
+    model = ModelConfig.preset("8b")
+    model = dataclasses.replace(model, max_seq_len=65536)
+    cfg = Config(model=model, dp=1, cp=8, zero=3, precision="bf16", mixed_precision="fsdp", seq_len=65536,
+                 batch_size=1, activation_checkpointing="full")
+    memory = estimate(cfg, "h100").memory
+    assert memory.parameters == pytest.approx(4 * model.num_params / 8, rel=1e-6)
+    assert memory.optimizer == pytest.approx(8 * model.num_params / 8, rel=1e-6)
+    gathers = [c for c in estimate(cfg, "h100").comm if c.role is Role.PARAMETER_GATHER]
+    assert gathers and all(c.axis == "dp" for c in gathers)

@@ -136,6 +136,39 @@ def test_the_torchtitan_launch_names_every_schedule_and_its_stages():
         assert job["pipeline_parallel_schedule"] == name
 
 
+def test_the_torchtitan_launch_cuts_the_stages_as_the_workbench_does():
+    # torchtitan (0.2+) weighs the embedding and the head as first/last_stage_less_layers blocks (1 each by
+    # default): an even split is written as 0 and 0, torchtitan's own lighter ends as theirs.
+    model = wb.ModelConfig.preset("8b")
+    even = wb.Config(model=model, dp=2, pp=4, zero=2, micro_batches=4, batch_size=8, seq_len=4096)
+    flags = _flags(even)
+    assert (flags["--parallelism.pipeline_parallel_first_stage_less_layers"],
+            flags["--parallelism.pipeline_parallel_last_stage_less_layers"]) == ("0", "0")
+    lighter = even.replace(stage_layers=wb.lighter_ends(32, 4))  # (8, 9, 8, 7): the remainder to the first
+    assert lighter.stage_layers == (8, 9, 8, 7)
+    flags = _flags(lighter)
+    assert (flags["--parallelism.pipeline_parallel_first_stage_less_layers"],
+            flags["--parallelism.pipeline_parallel_last_stage_less_layers"]) == ("1", "1")
+    # Two stages per rank are torchtitan's default for a multi-stage schedule (no layers per stage gives 8 of
+    # the 34 units); four are asked for by layers per stage, ceil((32 + 0 + 0) / 2) = 16 stages.
+    looped = lighter.replace(schedule="interleaved_1f1b", stages_per_rank=2, stage_layers=wb.lighter_ends(32, 8))
+    flags = _flags(looped)
+    assert flags["--parallelism.pipeline_parallel_first_stage_less_layers"] == "1"
+    assert "--parallelism.pipeline_parallel_layers_per_stage" not in flags
+    flags = _flags(looped.replace(stages_per_rank=4, stage_layers=()))
+    assert flags["--parallelism.pipeline_parallel_layers_per_stage"] == "2"
+    # A split torchtitan's weights cannot make is said, not written.
+    odd = even.replace(stage_layers=(2, 10, 10, 10))
+    _, missing = ex.torchtitan_arguments(odd, ex.Launch(nnodes=1, nproc_per_node=8))
+    assert "--parallelism.pipeline_parallel_first_stage_less_layers" not in _flags(odd)
+    assert any(m.startswith("stage_layers=(2, 10, 10, 10)") for m in missing)
+
+
+def _flags(cfg: wb.Config) -> dict[str, str]:
+    args, _ = ex.torchtitan_arguments(cfg, ex.Launch(nnodes=1, nproc_per_node=8))
+    return {key: args[i + 1] for i, key in enumerate(args[:-1]) if key.startswith("--")}
+
+
 def test_the_torchtitan_launch_states_cp_and_hsdp_and_what_it_cannot():
     # torchtitan itself parses these in tests/test_export_torchtitan.py (where it is installed).
     cfg = wb.Config(model=wb.ModelConfig.preset("8b"), dp=8, cp=2, zero=3, dp_replicate=2, precision="bf16",

@@ -26,6 +26,8 @@ from workbench.schedules import (
     rank_orders,
     schedule_grid,
     simulate,
+    lighter_ends,
+    rank_layers,
     split_layers,
     stage_rank,
     stages_of_rank,
@@ -265,6 +267,26 @@ def test_split_layers_and_placement():
     assert virtual_stages("zbv", 1, 3) == 1
     with pytest.raises(ValueError, match="exactly 2"):
         stages_of_rank(0, 4, 3, "v")
+
+
+def test_uneven_stages_cut_where_they_are_told():
+    assert split_layers(6, 3, (1, 3, 2)) == [range(0, 1), range(1, 4), range(4, 6)]
+    for bad in ((1, 3), (0, 3, 3), (1, 3, 3)):
+        with pytest.raises(ValueError, match="summing"):
+            split_layers(6, 3, bad)
+    # torchtitan's split of Llama 3.1 405B: its 126 layers and the two ends weighed as a block each, 128 units.
+    assert lighter_ends(126, 8) == (15, 16, 16, 16, 16, 16, 16, 15)
+    assert lighter_ends(126, 16) == (7,) + (8,) * 14 + (7,)
+    assert lighter_ends(32, 4, 0, 0) == (8, 8, 8, 8)
+    with pytest.raises(ValueError):
+        lighter_ends(4, 4)
+    # A rank's blocks under loop placement: rank r holds stages r and r + pp.
+    cfg = Config(pp=2, schedule="interleaved_1f1b", micro_batches=2, stage_layers=(1, 2, 2, 1),
+                 model=ModelConfig(n_layers=6))
+    assert rank_layers(cfg) == [(0, 3, 4), (1, 2, 5)]
+    for bad, says in (((1, 2, 3), "3 counts for 4"), ((1, 2, 2, 2), "sum to model.n_layers=6")):
+        with pytest.raises(ConfigError, match=r"stage_layers: .*" + says.replace("(", r"\(")):
+            cfg.replace(stage_layers=bad)
 
 
 # -- the bubble: each schedule's formula against its own order placed in time ------------------------------------

@@ -12,6 +12,7 @@ from workbench.estimate import Estimate
 from workbench.hardware import Hardware
 from workbench.plan import Plan
 from workbench.tracing.estimate import estimate, plan
+from workbench.schedules import lighter_ends
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RankFrozen, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.runs import LayoutChange
@@ -20,7 +21,7 @@ from workbench.workbench import Workbench
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "HFModel", "CustomModel", "Pool", "Handle", "PoolError", "PoolBroken", "WorkerDied",
            "RemoteError", "CollectiveTimeout", "RankFrozen", "StepMetrics", "Interval", "Workbench", "Run", "LayoutChange", "estimate", "Estimate",
-           "Hardware", "plan", "Plan", "Cluster"]
+           "Hardware", "plan", "Plan", "Cluster", "lighter_ends"]
 __version__ = "0.1.0"
 
 

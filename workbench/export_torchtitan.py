@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from workbench.config import FP8, PRESETS, Config, CustomModel, HFModel
 from workbench.config.tokenizer import tokenizer_path
 from workbench.launch import Launch, node_preamble
-from workbench.schedules import config_stages
+from workbench.schedules import config_stages, lighter_ends
 
 
 _TITAN_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
@@ -103,6 +103,41 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
     return _TitanLayout(flavor or "8B", local_batch, replicate, shard, reshard, titan_precision, tuple(missing))
 
 
+def pipeline_split(cfg: Config) -> tuple[dict[str, int], str | None]:
+    """torchtitan's settings that cut the model into `cfg`'s pipeline stages, and a note if none can.
+
+    torchtitan (0.2 and later) shares n_layers + first + last "units" over its stages, the embedding counting as
+    `pipeline_parallel_first_stage_less_layers` blocks and the head as `..._last_stage_less_layers` (1 each by
+    default), the stage count set by the schedule or by `pipeline_parallel_layers_per_stage`. An even split is
+    first = last = 0; Config.stage_layers of that shape (`lighter_ends`) is its first and last."""
+    stages, n = cfg.pp * config_stages(cfg), cfg.model.n_layers
+    if n is None:  # a user's factory: its depth is known once built
+        return {}, ("the pipeline split of a model whose depth is known only once built: set "
+                    "parallelism.module_fqns_per_model_part by hand")
+    sizes = cfg.stage_layers or (n // stages,) * stages
+    for first in range(sizes[0] + 1):
+        for last in range(sizes[-1] + 1):
+            try:
+                if lighter_ends(n, stages, first, last) != sizes:
+                    continue
+            except ValueError:
+                continue
+            split = {"pipeline_parallel_first_stage_less_layers": first,
+                     "pipeline_parallel_last_stage_less_layers": last}
+            if config_stages(cfg) == 1:
+                return split, None
+            # Multi-stage schedules: the stage count from layers per stage, ceil((n + first + last) / it), or
+            # without it torchtitan's default of two stages per rank.
+            units = n + first + last
+            per = next((k for k in range(1, units + 1) if -(-units // k) == stages), None)
+            if per is not None:
+                return {**split, "pipeline_parallel_layers_per_stage": per}, None
+            if config_stages(cfg) == 2:
+                return split, None
+    return {}, (f"stage_layers={cfg.stage_layers}: not a split torchtitan's first/last-stage weights make; set "
+                "parallelism.module_fqns_per_model_part to these blocks per stage by hand")
+
+
 def tokenizer_folder(cfg: Config) -> str:
     """The folder holding the Config's tokenizer.json: what torchtitan's hf_assets_path names."""
     return str(tokenizer_path(cfg.tokenizer).parent)
@@ -132,10 +167,8 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
         layout["training.disable_cuda_graphs"] = True  # torchtitan 0.3 captures no pipeline in a CUDA graph yet
         layout["parallelism.pipeline_parallel_schedule"] = _TITAN_SCHEDULE[cfg.schedule]
         layout["parallelism.pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
-        if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
-            per_stage = (cfg.model.n_layers or 0) // (cfg.pp * config_stages(cfg))
-            if per_stage:
-                layout["parallelism.pipeline_parallel_layers_per_stage"] = per_stage
+        split, note = pipeline_split(cfg)
+        layout.update({f"parallelism.{k}": v for k, v in split.items()})
     # AdamW as the workbench runs it (torch's defaults but lr and weight decay), at a constant learning rate: no
     # warm-up, and a decay whose floor is the learning rate itself.
     adamw = "optimizer.param_groups.0.optimizer_kwargs"
@@ -144,10 +177,14 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
                    "debug.seed": cfg.seed, "checkpoint.enable": True, "checkpoint.interval": launch.save_every})
     if launch.async_save:
         layout["checkpoint.async_mode"] = "async"
+    if cfg.async_tp:
+        layout["parallelism.enable_async_tensor_parallel"] = True
     if cfg.compile:
         # Per transformer block, as the workbench compiles (torchtitan's default also compiles the loss).
         layout.update({"compile.enable": True, "compile.components": "model", "compile.backend": cfg.compile_backend})
     missing = list(t.missing)
+    if cfg.pp > 1 and note:
+        missing.append(note)
     if cfg.precision in FP8:
         missing.append(f"precision={cfg.precision}: torchtitan 0.3 converts linears to Float8 in a config_registry "
                        "function (a Float8LinearConverter in its model_spec, rowwise recipes only), not by a "
@@ -224,10 +261,10 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
     if cfg.pp > 1:
         pp_lines = [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULE[cfg.schedule]}"',
                     f"pipeline_parallel_microbatch_size = {cfg.micro_batch_size}"]
-        if config_stages(cfg) > 1:  # the interleaved and V-shaped schedules: stages per rank from layers per stage
-            if cfg.model.n_layers:
-                pp_lines.append(f"pipeline_parallel_layers_per_stage = "
-                                f"{cfg.model.n_layers // (cfg.pp * config_stages(cfg))}")
+        split, note = pipeline_split(cfg)
+        pp_lines += [f"{k} = {v}" for k, v in split.items()]
+        if note:
+            missing.append(note)
     lines = [
         f"# torchtitan job nearest to the workbench layout {cfg.layout} ({cfg.world_size} ranks).",
         "# Run with torchtitan's run_train.sh / torchrun; see the notes at the end for what differs.",
@@ -270,6 +307,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         f"data_parallel_shard_degree = {shard}",
         f'fsdp_reshard_after_forward = "{reshard}"',
         f"tensor_parallel_degree = {cfg.tp}",
+        *(["enable_async_tensor_parallel = true"] if cfg.async_tp else []),
         f"pipeline_parallel_degree = {cfg.pp}",
         *pp_lines,
         f"context_parallel_degree = {cfg.cp}",
@@ -292,8 +330,11 @@ def _float8_lines(cfg: Config) -> list[str]:
     """torchtitan's [float8] section for an fp8 precision (its model converter "float8"); none otherwise."""
     if cfg.precision not in FP8:
         return []
+    if cfg.precision == "mxfp8":
+        return ["[mx]", 'recipe_name = "mxfp8"', ""]
     if cfg.precision == "fp8_rowwise":
         return ["[float8]", 'recipe_name = "rowwise"', ""]
-    fsdp = str(cfg.zero >= 2).lower()  # tensorwise: weights all-gathered in fp8 under FSDP2, as the workbench does
+    # tensorwise: weights all-gathered in fp8 under FSDP2 unless Config.fp8_all_gather says not, as the workbench
+    fsdp = str(cfg.zero >= 2 and cfg.fp8_all_gather).lower()
     return ["[float8]", f"enable_fsdp_float8_all_gather = {fsdp}",
             f"precompute_float8_dynamic_scale_for_fsdp = {fsdp}", ""]

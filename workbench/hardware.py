@@ -27,7 +27,8 @@ class Hardware:
 
     name: str
     peak_flops: dict[str, float]
-    """Dense FLOP/s by precision ("fp32", "tf32", "bf16", "fp16", "fp8"); absent where the device has none."""
+    """Dense FLOP/s by precision ("fp32", "tf32", "bf16", "fp16", "fp8"; on Blackwell also "mxfp8" and "nvfp4",
+    the block-scaled formats only it multiplies); absent where the device has none."""
     memory_bytes: float
     """Device memory, bytes."""
     mem_bw: float
@@ -188,7 +189,66 @@ A100 = Hardware(
     rated_power_w=400,  # the 80GB SXM's "Max TDP Power: 400W"
 )
 
-DATASHEETS: dict[str, Hardware] = {h.name: h for h in (H100, H100_96GB, H200, A100)}
+# Blackwell. Dense figures (NVIDIA quotes FP4/FP8/FP16 tensor rates "with sparsity": dense is half). FP8 and MXFP8
+# run at one rate, NVFP4 at the FP4 rate; fp32 is the non-tensor rate. NVLink 5: 1.8 TB/s bidirectional per GPU.
+B200 = Hardware(
+    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 8 GPUs, "72 PFLOPS training (FP8), 144
+    # PFLOPS inference (FP4)" with sparsity, "1,440GB total GPU memory, 64TB/s HBM3e bandwidth", "14.4 TB/s
+    # aggregate NVLink bandwidth": per GPU 4.5 PFLOP/s FP8 and 9 FP4 dense, 180 GB at 8 TB/s, 1.8 TB/s NVLink;
+    # BF16/FP16 2.25, TF32 1.1 PFLOP/s dense and FP32 80 TFLOP/s, the HGX B200 at its 1,000 W (NVIDIA Blackwell
+    # datasheet, HGX B200 column); 148 SMs (NVIDIA Blackwell architecture technical brief).
+    name="b200",
+    peak_flops={"fp32": 80 * TFLOPS, "tf32": 1100 * TFLOPS, "bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS,
+                "fp8": 4500 * TFLOPS, "mxfp8": 4500 * TFLOPS, "nvfp4": 9000 * TFLOPS},
+    memory_bytes=180 * GB,
+    mem_bw=8 * TB,
+    link_bw=900 * GB,  # NVLink 5
+    measured=False,
+    sms=148,
+    attention_efficiency=FLASH_ATTENTION_H100,
+    cluster="b200-ib",
+    rated_power_w=1000,
+)
+
+GB200 = Hardware(
+    # NVIDIA GB200 NVL72 datasheet (nvidia.com/en-us/data-center/gb200-nvl72), the rack's 72 GPUs: FP4 1,440,
+    # FP8/FP6 720, FP16/BF16 360, TF32 180 PFLOPS (sparse), FP32 6,480 TFLOPS; up to 13.4 TB HBM3e at 576 TB/s;
+    # 130 TB/s of NVLink: per GPU 10 / 5 / 2.5 / 1.25 PFLOP/s dense, 90 TFLOP/s FP32, 186 GB at 8 TB/s, 1.8 TB/s
+    # NVLink, the B200 at 1,200 W. All 72 GPUs share one NVLink domain (`links` preset "gb200-nvl72").
+    name="gb200",
+    peak_flops={"fp32": 90 * TFLOPS, "tf32": 1250 * TFLOPS, "bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS,
+                "fp8": 5000 * TFLOPS, "mxfp8": 5000 * TFLOPS, "nvfp4": 10000 * TFLOPS},
+    memory_bytes=186 * GB,
+    mem_bw=8 * TB,
+    link_bw=900 * GB,
+    measured=False,
+    sms=148,
+    attention_efficiency=FLASH_ATTENTION_H100,
+    cluster="gb200-nvl72",
+    gpus_per_node=72,
+    rated_power_w=1200,
+)
+
+GB300 = Hardware(
+    # NVIDIA GB300 NVL72 datasheet (nvidia.com/en-us/data-center/gb300-nvl72), the rack's 72 Blackwell Ultra GPUs:
+    # FP4 1,440 (sparse) / 1,080 (dense), FP8/FP6 720, FP16/BF16 360, TF32 180 PFLOPS (sparse); 20.1 TB HBM3e at
+    # 576 TB/s; 130 TB/s of NVLink: per GPU 15 PFLOP/s NVFP4, 5 FP8, 2.5 BF16, 1.25 TF32 dense, 279 GB at 8 TB/s,
+    # 1.8 TB/s NVLink, 1,400 W; 160 SMs (NVIDIA technical blog, "Inside NVIDIA Blackwell Ultra", 2025).
+    name="gb300",
+    peak_flops={"fp32": 80 * TFLOPS, "tf32": 1250 * TFLOPS, "bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS,
+                "fp8": 5000 * TFLOPS, "mxfp8": 5000 * TFLOPS, "nvfp4": 15000 * TFLOPS},
+    memory_bytes=279 * GB,
+    mem_bw=8 * TB,
+    link_bw=900 * GB,
+    measured=False,
+    sms=160,
+    attention_efficiency=FLASH_ATTENTION_H100,
+    cluster="gb300-nvl72",
+    gpus_per_node=72,
+    rated_power_w=1400,
+)
+
+DATASHEETS: dict[str, Hardware] = {h.name: h for h in (H100, H100_96GB, H200, A100, B200, GB200, GB300)}
 
 GLOO_LOOPBACK_BW = 0.85 * GB
 """gloo all-reduce bus bandwidth between two ranks on one 2-core machine (16-64 MiB payloads), measured for this
@@ -196,19 +256,27 @@ project; the CPU profile's link, since ranks on one machine talk through loopbac
 
 
 def profile(name: str, ranks: int | None = None) -> Hardware:
-    """A profile by name: "h100" (SXM), "h100-96gb" (torchtitan's 500 W H100s), "h200", "a100" (datasheets) or
-    "cpu" (measured here, once per process; with `ranks`, as each of that many local ranks sees it: `cpu_for`)."""
-    key = name.lower()
-    if key == "cpu":
+    """A profile by name: "h100" (SXM), "h100-96gb" (torchtitan's 500 W H100s), "h200", "a100", "b200", "gb200",
+    "gb300" (datasheets), any of them under a power limit ("b200@750w": `Hardware.power_limit_w`), or "cpu"
+    (measured here, once per process; with `ranks`, as each of that many local ranks sees it: `cpu_for`)."""
+    key, _, limit = name.lower().partition("@")
+    if key == "cpu" and not limit:
         return measure_cpu() if ranks is None else cpu_for(ranks)
     try:
-        return DATASHEETS[key]
+        hw = DATASHEETS[key]
     except KeyError:
-        raise ValueError(f"unknown hardware {name!r}; use one of {sorted([*DATASHEETS, 'cpu'])} "
-                         "or pass a Hardware(...)") from None
+        raise ValueError(f"unknown hardware {name!r}; use one of {sorted([*DATASHEETS, 'cpu'])} (a GPU's name "
+                         "with @<watts>w for a power limit) or pass a Hardware(...)") from None
+    if not limit:
+        return hw
+    watts = limit.removesuffix("w")
+    if not watts.isdigit() or not 0 < int(watts) <= hw.rated_power_w:
+        raise ValueError(f"hardware {name!r}: a power limit is @<watts>w, at most the {hw.name}'s rated "
+                         f"{hw.rated_power_w:.0f} W (e.g. {hw.name}@{hw.rated_power_w * 3 / 4:.0f}w)")
+    return dataclasses.replace(hw, name=f"{hw.name}@{watts}w", power_limit_w=float(watts))
 
 
-GPU_PROFILES = ("h200", "h100", "a100")
+GPU_PROFILES = ("gb300", "gb200", "b200", "h200", "h100", "a100")
 """Datasheet profiles a CUDA device is matched to by its name ("NVIDIA H100 80GB HBM3" -> "h100")."""
 
 

@@ -105,7 +105,7 @@ class Workbench:
             check_model(cfg)  # built on the meta device: what only the model itself can refuse
         caps = self.capabilities
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
-                         cuda=caps["device"].startswith("cuda"))
+                         cuda=caps["device"].startswith("cuda"), mx=caps.get("mx", False))
         Emulation.check(cfg, self.cluster)
 
     @property

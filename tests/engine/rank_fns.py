@@ -139,6 +139,13 @@ def train(cfg: Config, steps: int) -> dict[str, Any]:
                              if not hasattr(p, "to_local")]}
 
 
+def train_on_device(cfg: Config, steps: int) -> list[float]:
+    """Train `steps` steps of `cfg` on this rank's own device (a GPU in a CUDA pool); the agreed losses."""
+    device = rank.info.device
+    trainer = Trainer(cfg, build_mesh(cfg, device.split(":")[0]), device, SyntheticData(cfg))
+    return [trainer.step(i).loss for i in range(steps)]
+
+
 @unchecked
 def train_through_layouts(plan: list[tuple[Config, int]], direct: bool = False) -> dict[str, Any]:
     """Train each (cfg, steps) in turn, resharding the state into the next layout in between.

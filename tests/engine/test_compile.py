@@ -124,8 +124,27 @@ def test_cuda_graphs_and_fp8_are_refused_on_the_cpu_before_any_rank_is_touched(p
         BASE.replace(cuda_graphs=True)
     with pytest.raises(ConfigError, match="cuda_graphs: zero=3 is FSDP2"):
         BASE.replace(dp=2, zero=3, compile=True, cuda_graphs=True)
-    with pytest.raises(ConfigError, match="precision: fp8_tensorwise with tp=2"):
-        BASE.replace(tp=2, precision="fp8_tensorwise")
+    # Float8 under tensor parallel is a Config (torchao's Float8 styles on a GPU); the CPU refuses it for fp8.
+    assert BASE.replace(tp=2, precision="fp8_tensorwise").tp == 2
+    with pytest.raises(ConfigError, match=r"precision: mxfp8 needs Blackwell's block-scaled fp8 matmuls \(compute "
+                                          r"capability 10.0: B200, GB200, GB300\), which cpu does not have"):
+        bench.check(BASE.replace(dp=2, precision="mxfp8"))
+    with pytest.raises(ConfigError, match="async_tp: async TP exchanges tensor parallel's shards through CUDA "
+                                          "symmetric memory .* and the ranks run on cpu"):
+        bench.check(BASE.replace(tp=2, compile=True, async_tp=True))
+    with pytest.raises(ConfigError, match="async_tp: .* and tp=1 has none"):
+        BASE.replace(compile=True, async_tp=True)
+    with pytest.raises(ConfigError, match="async_tp: async TP is a pass of inductor"):
+        BASE.replace(tp=2, async_tp=True)
+
+
+def test_a_rank_reached_without_the_check_refuses_async_tp_off_cuda():
+    from types import SimpleNamespace
+
+    from workbench.engine.parallel.tensor import enable_async_tp
+
+    with pytest.raises(RuntimeError, match="async_tp: .* this rank's tp group is on cpu"):
+        enable_async_tp(SimpleNamespace(device_type="cpu"))
 
 
 def test_the_estimate_of_fp8_uses_the_fp8_rate_and_cpu_has_none():
@@ -133,8 +152,10 @@ def test_the_estimate_of_fp8_uses_the_fp8_rate_and_cpu_has_none():
     bf16, fp8 = (wb.estimate(cfg.replace(precision=p), hardware="h100") for p in ("bf16", "fp8_tensorwise"))
     assert fp8.step_time_s < bf16.step_time_s  # H100: 1979 vs 989.5 dense TFLOP/s
     assert fp8.memory.parameters == bf16.memory.parameters  # fp32 master weights either way
-    with pytest.raises(ValueError, match="Float8 linears need an fp8 peak; cpu has none"):
+    with pytest.raises(ValueError, match="cpu has no fp8 peak"):
         wb.estimate(Config(precision="fp8_rowwise"), hardware="cpu")
+    with pytest.raises(ValueError, match="h100 has no mxfp8 peak"):  # MX is Blackwell's
+        wb.estimate(cfg.replace(precision="mxfp8"), hardware="h100")
 
 
 # -- on a GPU (skipped without one) -------------------------------------------------------------------------------
@@ -224,3 +245,14 @@ def test_fp8_tensorwise_composes_with_fsdp2_and_its_scale_precompute(one_gpu):
         after_optimizer_step(cfg)([model])
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+@pytest.mark.gpu
+def test_mxfp8_trains_near_bf16_on_blackwell(one_gpu):
+    if torch.cuda.get_device_capability() < (10, 0):
+        pytest.skip("needs Blackwell's block-scaled fp8 matmuls (compute capability 10.0)")
+    pytest.importorskip("torchao.prototype.mx_formats")
+    bf16 = _train_on_gpu(GPU)
+    mx = _train_on_gpu(GPU.replace(precision="mxfp8"))
+    assert all(torch.isfinite(torch.tensor(mx)))
+    assert mx == pytest.approx(bf16, rel=2e-2)  # MX rounding: a scale per 32 elements, closer than tensorwise's

@@ -55,8 +55,11 @@ def test_a_ring_of_four_passes_every_block_and_brings_every_gradient_home(pool4)
     assert sorted(p for r in results for p in r["positions"]) == list(range(64))
 
 
-@pytest.mark.parametrize("layout", [dict(cp=2), dict(cp=2, zero=3, activation_checkpointing="full")],
-                         ids=["cp2", "cp2 zero3 ac full"])
+# ZeRO shards over the dp·cp ranks whenever there are more than one, dp = 1 included (torchtitan's FSDP over
+# dp_shard·cp: its "FSDP 1, CP 8" runs).
+@pytest.mark.parametrize("layout", [dict(cp=2), dict(cp=2, zero=3, activation_checkpointing="full"),
+                                    dict(cp=2, zero=1), dict(cp=2, zero=2)],
+                         ids=["cp2", "cp2 zero3 ac full", "cp2 zero1 (dp 1)", "cp2 zero2 (dp 1)"])
 def test_context_parallel_trains_like_one_process(pool, reference, layout):
     assert_parity(pool.run(fns.train, BASE.replace(**layout), STEPS), reference)
 

@@ -20,6 +20,7 @@ needs nothing.
 
 from workbench.config.choices import (
     FP8,
+    MX,
     CompileBackend,
     Compression,
     MixedPrecision,
@@ -31,6 +32,7 @@ from workbench.config.choices import (
 )
 from workbench.config.degrees import Degrees, MeshLayout, divisors
 from workbench.config.help_text import (
+    ASYNC_TP_HELP,
     COMPILE_HELP,
     COMPRESSION_HELP,
     CUDA_GRAPHS_HELP,
@@ -48,8 +50,9 @@ from workbench.config.run import Config, keeps_weights
 from workbench.config.sources import CustomModel, HFModel
 
 __all__ = [
-    "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression", "Config",
-    "ConfigError", "CustomModel", "HFModel", "Degrees", "FP8", "MIXED_PRECISION_HELP", "MeshLayout", "MixedPrecision", "ModelConfig",
-    "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS", "Precision", "RECOMPUTE_HELP",
-    "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks", "divisors", "keeps_weights",
+    "ASYNC_TP_HELP", "COMPILE_HELP", "COMPRESSION_HELP", "CUDA_GRAPHS_HELP", "CompileBackend", "Compression",
+    "Config", "ConfigError", "CustomModel", "Degrees", "FP8", "HFModel", "MIXED_PRECISION_HELP", "MX", "MeshLayout",
+    "MixedPrecision", "ModelConfig", "OFFLOAD_HELP", "OPTIMIZER_HELP", "Optimizer", "PRECISION_HELP", "PRESETS",
+    "Precision", "RECOMPUTE_HELP", "Recompute", "SCHEDULE_HELP", "Schedule", "ZERO_HELP", "checkpointed_blocks",
+    "divisors", "keeps_weights",
 ]

@@ -8,9 +8,12 @@ from workbench.schedules.layout import Schedule  # noqa: F401 - the schedules na
 
 Recompute = Literal["none", "selective", "full", "op"]
 MixedPrecision = Literal["autocast", "fsdp"]
-Precision = Literal["fp32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"]
-FP8 = ("fp8_tensorwise", "fp8_rowwise")
-"""torchao's Float8 training recipes: the linear layers' matmuls in fp8, everything else in bf16 autocast."""
+Precision = Literal["fp32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise", "mxfp8"]
+FP8 = ("fp8_tensorwise", "fp8_rowwise", "mxfp8")
+"""8-bit linears: torchao's Float8 recipes (a scale per tensor or per row; sm_89 and newer) and MXFP8 (OCP MX, a
+scale per 32 elements; Blackwell, sm_100 and newer): the linear layers' matmuls in fp8, everything else in bf16."""
+MX = ("mxfp8",)
+"""The 8-bit recipes whose scales are per block of 32 (torchao's MX formats), which only Blackwell multiplies."""
 Compression = Literal["none", "fp16", "bf16", "powersgd", "int8", "1bit"]
 Optimizer = Literal["adamw", "lion", "sgd"]
 CompileBackend = Literal["inductor", "aot_eager"]

@@ -182,8 +182,9 @@ class Degrees:
                          f"choose degrees whose product is {world_size} "
                          "(changing the number of ranks needs a new Workbench(world_size=...))")
 
-    def check_model(self, model: ModelConfig, stages_per_rank: int = 1) -> None:
-        """Refuse degrees that do not split `model` evenly; `stages_per_rank` is the pipeline chunks per rank.
+    def check_model(self, model: ModelConfig, stages_per_rank: int = 1, uneven: bool = False) -> None:
+        """Refuse degrees that do not split `model` evenly; `stages_per_rank` is the pipeline chunks per rank;
+        `uneven`: the stages' sizes are given (Config.stage_layers, checked by its own rule), not an even split.
         A shape a model source does not know before it is built (None: a user's factory) is checked on the built
         model instead (`workbench.models.check`)."""
         tp = self.tp
@@ -197,7 +198,7 @@ class Degrees:
             raise refuse("tp", f"tp={tp} does not divide the MLP width ({model.hidden_dim})",
                          "choose a tp dividing model.hidden_dim")
         chunks = self.pp * stages_per_rank
-        if model.n_layers is not None and model.n_layers % chunks:
+        if model.n_layers is not None and model.n_layers % chunks and not uneven:
             what = f"pp={self.pp}" if chunks == self.pp else f"pp·stages_per_rank={chunks}"
             raise refuse("pp", f"{what} does not divide model.n_layers={model.n_layers}",
                          f"choose pp (times stages_per_rank for interleaved) among {divisors(model.n_layers)}")

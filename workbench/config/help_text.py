@@ -64,7 +64,15 @@ PRECISION_HELP = {
                       "with zero 2/3 FSDP2 gathers the weights in fp8; needs a GPU with fp8 (sm_89 or newer)",
     "fp8_rowwise": "fp8 (torchao Float8, one scale per row): more accurate than tensorwise, a little slower; "
                    "needs a GPU with fp8 (sm_89 or newer)",
+    "mxfp8": "MXFP8 (torchao MX formats, OCP microscaling: one 8-bit scale per 32 elements, cuBLAS kernels): "
+             "linear layers' matmuls in float8, bf16 elsewhere, weights gathered in bf16; Blackwell only (sm_100)",
 }
+ASYNC_TP_HELP = (
+    "async TP (torch's micro-pipelined tensor parallel, torchtitan's enable_async_tensor_parallel): under "
+    "torch.compile each sequence-parallel all-gather is fused with the matmul that reads it and each "
+    "reduce-scatter with the matmul that feeds it, in tp chunks over CUDA symmetric memory, so the transfers run "
+    "beside the chunks' matmuls; needs tp > 1, compile, and CUDA GPUs joined by NVLink"
+)
 COMPILE_HELP = (
     "torch.compile each transformer block (inductor; C++ on the CPU, Triton on GPUs): fused kernels, the same "
     "losses within float rounding. The first step of a layout compiles (shown as its own span); a layout seen "

@@ -113,6 +113,9 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
             raise refuse(name, f"must be a real number, got {value!r}", f"pass a float for {name}")
         if not math.isfinite(value):
             raise refuse(name, f"must be finite, got {value!r}", f"pass a finite number for {name}")
+    elif origin is tuple and args[1:] == (Ellipsis,) and args[0] is int:
+        if not isinstance(value, tuple) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise refuse(name, f"must be a tuple of integers, got {value!r}", f"pass {name}=(…) of ints")
     elif dataclasses.is_dataclass(hint):
         if not isinstance(value, hint):
             raise refuse(name, f"expected a {hint.__name__}, got {type(value).__name__}",

@@ -53,9 +53,27 @@ def context_parallel_splits_sequences(cfg: Config) -> None:
                      "set cp=1 with a mixture of experts, or use a dense model")
 
 
+def stage_layers_cut_the_model(cfg: Config) -> None:
+    """Uneven pipeline stages: one count per stage, every stage holding a block, all the blocks held once."""
+    sizes = cfg.stage_layers
+    if not sizes:
+        return
+    if cfg.pp == 1:
+        raise refuse("stage_layers", f"stage_layers={sizes} sizes pipeline stages, but pp=1", "set pp ≥ 2 or "
+                     "stage_layers=()")
+    stages, n_layers = cfg.pp * config_stages(cfg), cfg.model.n_layers
+    if len(sizes) != stages:
+        raise refuse("stage_layers", f"{len(sizes)} counts for {stages} pipeline stages (pp={cfg.pp} × "
+                     f"{config_stages(cfg)} per rank under {cfg.schedule})", f"give {stages} counts, e.g. "
+                     f"wb.lighter_ends({n_layers}, {stages})")
+    if min(sizes) < 1 or (n_layers is not None and sum(sizes) != n_layers):  # None: counted once built
+        raise refuse("stage_layers", f"{sizes} must each be ≥ 1 and sum to model.n_layers={n_layers} "
+                     f"(they sum to {sum(sizes)})", f"e.g. wb.lighter_ends({n_layers}, {stages})")
+
+
 def degrees_fit_the_model(cfg: Config) -> None:
     """tp splits heads and the MLP, pp (times the interleaved stages) the layers, ep the experts, both the sequence."""
-    cfg.degrees.check_model(cfg.model, config_stages(cfg))
+    cfg.degrees.check_model(cfg.model, config_stages(cfg), uneven=bool(cfg.stage_layers))
     cfg.degrees.check_sequence(cfg.seq_len)
 
 
@@ -73,7 +91,8 @@ def tied_embeddings_stay_whole(cfg: Config) -> None:
 def v_schedule_splits_the_layers(cfg: Config) -> None:
     """ZBV and DualPipeV hold two stages per rank whatever stages_per_rank says: 2·pp stages cut the layers."""
     n_layers = cfg.model.n_layers
-    if n_layers is not None and cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp):
+    if (n_layers is not None and cfg.pp > 1 and cfg.schedule in V_SHAPED and n_layers % (2 * cfg.pp)
+            and not cfg.stage_layers):
         fits = [p for p in range(2, n_layers // 2 + 1) if n_layers % (2 * p) == 0]
         raise refuse("pp", f"{cfg.schedule} holds 2 stages per rank (rank r: stages r and 2·pp-1-r), so "
                      f"2·pp = {2 * cfg.pp} stages must divide model.n_layers={n_layers}",
@@ -144,8 +163,8 @@ def batch_splits_and_sequence_fits(cfg: Config) -> None:
 def zero_has_ranks_to_shard_over(cfg: Config) -> None:
     # The cp ranks hold the same weights and average their gradients with the dp ranks: ZeRO shards over dp·cp.
     if cfg.zero > 0 and cfg.dp * cfg.cp == 1:
-        raise refuse("zero", f"ZeRO stage {cfg.zero} shards across data-parallel ranks, but dp=1",
-                     "set dp ≥ 2 or zero=0")
+        raise refuse("zero", f"ZeRO stage {cfg.zero} shards across the data-parallel and context-parallel ranks "
+                     "(dp·cp), but dp·cp=1", "set dp ≥ 2 (or cp ≥ 2), or zero=0")
     if cfg.zero == 1 and cfg.dp > 1 and cfg.tp > 1:
         # torch 2.13: ZeroRedundancyOptimizer broadcasts each updated parameter with c10d.broadcast,
         # which has no DTensor sharding rule, so its step fails on tensor-parallel parameters.
@@ -222,15 +241,26 @@ def compile_settings_fit(cfg: Config) -> None:
 
 
 def fp8_fits(cfg: Config) -> None:
-    """torchao's Float8 linears: wired with FSDP2 and DDP, not with tensor parallel (which needs torchao's own
-    Float8 styles) nor with offload."""
+    """torchao's 8-bit linears: wired with FSDP2, DDP and tensor parallel (torchao's Float8 tensor-parallel styles
+    for tensorwise scales, the plain ones for the others, as torchtitan), not with offload."""
     if cfg.precision not in FP8:
         return
-    if cfg.tp > 1:
-        raise refuse("precision", f"{cfg.precision} with tp={cfg.tp}: tensor parallel fp8 needs torchao's Float8 "
-                     "tensor-parallel styles, not wired here", "use tp=1 with fp8 (any zero stage), or bf16")
     if cfg.offload:
         raise refuse("precision", f"{cfg.precision} with offload is not wired here", "set offload=False, or bf16")
+
+
+def async_tp_has_its_tensor_parallel(cfg: Config) -> None:
+    """Async TP fuses tensor parallel's collectives with its matmuls in the compiled graph (inductor's
+    micro-pipeline TP pass): there must be tensor parallel, and inductor compiling it."""
+    if not cfg.async_tp:
+        return
+    if cfg.tp == 1:
+        raise refuse("async_tp", "async TP overlaps tensor parallel's all-gathers and reduce-scatters with its "
+                     "matmuls, and tp=1 has none", "set tp ≥ 2, or async_tp=False")
+    if not cfg.compile or cfg.compile_backend != "inductor":
+        raise refuse("async_tp", "async TP is a pass of inductor over the compiled blocks (torch's micro-pipeline "
+                     f"TP), and compile={cfg.compile}, compile_backend={cfg.compile_backend!r}",
+                     'set compile=True with compile_backend="inductor", or async_tp=False')
 
 
 def replica_check_has_replicas(cfg: Config) -> None:
@@ -267,6 +297,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
     tied_embeddings_stay_whole,
+    stage_layers_cut_the_model,
     v_schedule_splits_the_layers,
     degrees_fit_the_model,
     pipeline_has_enough_micro_batches,
@@ -280,6 +311,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     fsdp_mixed_precision_has_its_setting,
     compile_settings_fit,
     fp8_fits,
+    async_tp_has_its_tensor_parallel,
     replica_check_has_replicas,
 )
 """Every rule a Config passes, in order; a new field's rule is one more function here."""

@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from workbench.config import rules, serialize
-from workbench.config.choices import FP8, ZERO_STAGES, CompileBackend, Compression, ExpertExchange, MixedPrecision
+from workbench.config.choices import FP8, MX, ZERO_STAGES, CompileBackend, Compression, ExpertExchange, MixedPrecision
 from workbench.config.choices import Optimizer
 from workbench.config.choices import Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
@@ -74,12 +74,21 @@ class Config:
     stages_per_rank: int = 2
     """Model chunks per pipeline rank for "interleaved_1f1b" and "interleaved_zb" (ignored by the others; "zbv"
     and "dualpipev" always hold 2, in V placement)."""
+    stage_layers: tuple[int, ...] = ()
+    """Blocks in each pipeline stage, in stage order (pp·stages per rank counts, each ≥ 1, summing to
+    model.n_layers), e.g. `wb.lighter_ends(126, 8)` = (15, 16, ..., 16, 15): torchtitan's first and last stages
+    lighter, as they also hold the embedding and the head. (): an even split."""
     activation_checkpointing: Recompute = "none"
     """Recompute activations in backward: "none", "selective" (every other block), "full", or "op" (per op in
     every block: torchtitan's selective op policy, every other matmul output and the attention output kept)."""
     precision: Precision = "fp32"
-    """"fp32", "bf16" (autocast), "fp16" (autocast + dynamic loss scaling), or "fp8_tensorwise" / "fp8_rowwise"
-    (torchao Float8 linears, bf16 elsewhere; a GPU with fp8, sm_89 or newer). See PRECISION_HELP."""
+    """"fp32", "bf16" (autocast), "fp16" (autocast + dynamic loss scaling), "fp8_tensorwise" / "fp8_rowwise"
+    (torchao Float8 linears, bf16 elsewhere; a GPU with fp8, sm_89 or newer; with tp > 1 torchao's Float8
+    tensor-parallel styles), or "mxfp8" (torchao MX linears; Blackwell, sm_100). See PRECISION_HELP."""
+    fp8_all_gather: bool = True
+    """With precision "fp8_tensorwise" under FSDP2 (zero 2/3): gather the Float8 linears' weights in fp8 (torchao's
+    enable_fsdp_float8_all_gather, half of bf16's bytes, one scale all-reduce per step); False gathers them in
+    bf16, torchtitan's default. Ignored otherwise (rowwise and MX recipes always gather in bf16)."""
     mixed_precision: MixedPrecision = "autocast"
     """How bf16 (and fp8's bf16 beside the Float8 linears) runs under ZeRO 2/3: "autocast" (fp32 parameters, cast
     per use) or "fsdp" (FSDP2's MixedPrecisionPolicy, as torchtitan: bf16 parameters gathered for compute, fp32
@@ -112,6 +121,10 @@ class Config:
     compile_backend: CompileBackend = "inductor"
     """What compile generates code with: "inductor" (fused C++/Triton kernels) or "aot_eager" (the same captured
     forward and backward graphs run by eager kernels: checks the capture in seconds, no code generation)."""
+    async_tp: bool = False
+    """Async tensor parallel: each sequence-parallel all-gather fused with the matmul that reads it and each
+    reduce-scatter with the one that feeds it, micro-pipelined over CUDA symmetric memory (torch's async TP,
+    torchtitan's enable_async_tensor_parallel); needs tp > 1, compile=True and CUDA. See ASYNC_TP_HELP."""
     cuda_graphs: bool = False
     """CUDA Graphs: replay each compiled block's kernels (torch.compile mode="reduce-overhead"); needs compile and a
     CUDA device, not with zero 2/3, offload, pp or experts. See CUDA_GRAPHS_HELP."""
@@ -171,6 +184,8 @@ class Config:
             parts.append(f"{self.schedule}×{self.micro_batches}")
         if self.activation_checkpointing != "none":
             parts.append(f"ac:{self.activation_checkpointing}")
+        if self.async_tp:
+            parts.append("async-tp")
         if self.precision != "fp32":
             parts.append(self.precision + ("-fsdp" if self.mixed_precision == "fsdp" else ""))
         if self.compression != "none":
@@ -191,16 +206,25 @@ class Config:
         self.degrees.check_world(world_size)
 
     def check_device(self, device: str, *, fp16: bool = True, bf16: bool = True, fp8: bool = True,
-                     cuda: bool = True) -> None:
-        """Refuse what the ranks' device cannot run: a precision, fp8 matmuls, CUDA Graphs."""
+                     cuda: bool = True, mx: bool = False) -> None:
+        """Refuse what the ranks' device cannot run: a precision, fp8 or MX matmuls, CUDA Graphs, async TP.
+        `mx`: the device multiplies MX-scaled fp8 (Blackwell, compute capability 10.0 and newer)."""
         if self.precision == "fp16" and not fp16:
             raise refuse("precision", f"fp16 is not supported on {device}", 'use precision="bf16" or "fp32"')
         if self.precision == "bf16" and not bf16:
             raise refuse("precision", f"bf16 is not supported on {device}", 'use precision="fp16" or "fp32"')
+        if self.precision in MX and not mx:
+            raise refuse("precision", f"{self.precision} needs Blackwell's block-scaled fp8 matmuls (compute "
+                         f"capability 10.0: B200, GB200, GB300), which {device} does not have",
+                         'use precision="fp8_tensorwise" (or "fp8_rowwise") on Hopper, bf16 elsewhere')
         if self.precision in FP8 and not fp8:
             raise refuse("precision", f"{self.precision} needs fp8 matrix units, which {device} does not have "
                          "(NVIDIA compute capability 8.9 or newer: L4, L40, RTX 4090, H100, H200, B200)",
                          'use precision="bf16" here, and fp8 on such a GPU')
+        if self.async_tp and not cuda:
+            raise refuse("async_tp", f"async TP exchanges tensor parallel's shards through CUDA symmetric memory "
+                         f"(GPUs on NVLink writing into each other's buffers), and the ranks run on {device}",
+                         "set async_tp=False here (tp runs its collectives one at a time), and True on CUDA GPUs")
         if self.cuda_graphs and not cuda:
             raise refuse("cuda_graphs", f"CUDA Graphs capture CUDA kernels, and the ranks run on {device}",
                          "set cuda_graphs=False (compile=True alone runs on the CPU), or use a CUDA device")

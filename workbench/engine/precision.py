@@ -37,7 +37,8 @@ from workbench.config import Config
 
 DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16,
                                          # fp8: the linears run in float8 (parallel/float8.py), the rest in bf16
-                                         "fp8_tensorwise": torch.bfloat16, "fp8_rowwise": torch.bfloat16}
+                                         "fp8_tensorwise": torch.bfloat16, "fp8_rowwise": torch.bfloat16,
+                                         "mxfp8": torch.bfloat16}
 
 
 class MixedPrecision:

@@ -90,8 +90,9 @@ def capabilities() -> dict[str, Any]:
     if device.startswith("cuda"):
         major, minor = torch.cuda.get_device_capability(device)
         return {"device": device, "name": torch.cuda.get_device_name(device), "bf16": major >= 8, "fp16": True,
-                "fp8": (major, minor) >= (8, 9)}  # fp8 matmuls (torch._scaled_mm): Ada, Hopper and newer
-    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True, "fp8": False}
+                "fp8": (major, minor) >= (8, 9),  # fp8 matmuls (torch._scaled_mm): Ada, Hopper and newer
+                "mx": major >= 10}  # block-scaled (MX) fp8 matmuls: Blackwell
+    return {"device": "cpu", "name": "cpu", "bf16": True, "fp16": True, "fp8": False, "mx": False}
 
 
 def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh: bool = False,

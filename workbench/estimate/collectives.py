@@ -62,7 +62,7 @@ def network(cfg: Config, hw: Hardware) -> Network:
 
 def collective(net: Network, stage: int, axis: Axis, kind: CollectiveKind, role: Role, what: str, calls: int,
                payload: float, group: int, hidden_by: float = 0.0, per_call: bool = False,
-               over: str | None = None) -> Collective:
+               over: str | None = None, pipelined: bool = False) -> Collective:
     """`calls` collectives of `payload` bytes each (the whole gathered or reduced data) among `group` ranks.
 
     over: the mesh axis whose groups run them (`Network.mesh`'s names: "dp_cp", "dp_shard", "dp_replicate", ...),
@@ -70,6 +70,8 @@ def collective(net: Network, stage: int, axis: Axis, kind: CollectiveKind, role:
     hidden_by: seconds of computation running beside them. per_call: that window is each call's own (a unit's
     compute beside its prefetched gather, or its neighbour's beside its reduce-scatter): then one call is
     always exposed (the first gather, the last reduce-scatter) and each other one hides behind its window.
+    pipelined: each call runs beside its own window from its start (async TP's matmul chunks run as the shards
+    arrive), so each is exposed only by what it takes beyond its window.
     """
     nbytes = payload * calls
     # send_recv counts this rank's sends; links are full duplex, so what it receives takes nothing from them.
@@ -80,7 +82,9 @@ def collective(net: Network, stage: int, axis: Axis, kind: CollectiveKind, role:
     else:
         one = net.call_time(kind, over or axis, payload, group, stage) if calls else 0.0
         time_s = one * calls
-    if per_call:
+    if pipelined:
+        exposed = calls * max(0.0, one - hidden_by)
+    elif per_call:
         exposed = one + (calls - 1) * max(0.0, one - hidden_by) if calls else 0.0
     else:
         exposed = max(0.0, time_s - hidden_by)

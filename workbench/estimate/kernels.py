@@ -29,6 +29,16 @@ NVIDIA's "Matrix Multiplication Background" guide): wave quantization counts the
 MEASURED_SHAPE = 8192
 """The square GEMM behind hardware.GEMM_EFFICIENCY (shared/FACTS.md): its own wave efficiency is divided out,
 so a shape with full waves runs a little faster than that figure."""
+FP8_GEMM_EFFICIENCY = 1404 / 1979
+"""An fp8 GEMM's fraction of the fp8 peak: 1,404 TFLOP/s for m 4096, n 7168, k 16384 on an H800 SXM (the H100 SXM's
+compute, 1,979 dense fp8) with 128 × 128 tiles, deepseek-ai/DeepGEMM PR 74 (2025, its "Base" column): 71%, below
+bf16's 80% (GEMM_EFFICIENCY): fp8 tensor cores finish a k-tile in half the time, so feeding them (loads, the
+scales' epilogue) takes a larger share. Taken for every 8-bit and 4-bit format (MX and NVFP4 on Blackwell: no
+measurement of their own here)."""
+FP8_MEASURED_SHAPE = (4096, 7168)
+"""The output shape behind FP8_GEMM_EFFICIENCY, whose wave efficiency is divided out likewise."""
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
+"""Peak keys of the formats FP8_GEMM_EFFICIENCY prices."""
 MEMORY_EFFICIENCY = 0.9
 """Fraction of HBM bandwidth that streaming kernels (copies, elementwise ops, reductions) reach on NVIDIA data
 centre GPUs: BabelStream-class benchmarks reach about 90% of the datasheet figure. An assumption, not measured
@@ -50,14 +60,16 @@ def wave_efficiency(hw: Hardware, rows: int, cols: int) -> float:
     return tiles / (math.ceil(tiles / hw.sms) * hw.sms)
 
 
-def _intrinsic(hw: Hardware) -> float:
-    """The large-GEMM fraction of peak with its measured shape's wave efficiency divided out."""
-    return _divided_out(hw.gemm_efficiency or GEMM_EFFICIENCY, hw.sms)
+def _intrinsic(hw: Hardware, precision: str = "bf16") -> float:
+    """The large-GEMM fraction of peak at `precision` with its measured shape's wave efficiency divided out."""
+    if precision.startswith("fp8") or precision in LOW_PRECISION:
+        return _divided_out(FP8_GEMM_EFFICIENCY, hw.sms, FP8_MEASURED_SHAPE)
+    return _divided_out(hw.gemm_efficiency or GEMM_EFFICIENCY, hw.sms, (MEASURED_SHAPE, MEASURED_SHAPE))
 
 
 @functools.lru_cache(maxsize=64)
-def _divided_out(efficiency: float, sms: int) -> float:
-    tiles = math.ceil(MEASURED_SHAPE / TILE[0]) * math.ceil(MEASURED_SHAPE / TILE[1])
+def _divided_out(efficiency: float, sms: int, shape: tuple[int, int]) -> float:
+    tiles = math.ceil(shape[0] / TILE[0]) * math.ceil(shape[1] / TILE[1])
     return efficiency / (tiles / (math.ceil(tiles / sms) * sms))
 
 
@@ -65,7 +77,7 @@ def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: 
     """Seconds of an (m × k) · (k × n) GEMM at `precision` whose operands take `elem_bytes` each."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    rate = hw.peak(precision) * min(1.0, _intrinsic(hw)) * hw.power_scale
+    rate = hw.peak(precision) * min(1.0, _intrinsic(hw, precision)) * hw.power_scale
     return _gemm(rate, hw.sms, hw.mem_bw, m, n, k, elem_bytes, k_tile(precision))
 
 
@@ -91,11 +103,19 @@ def linear_time(hw: Hardware, precision: str, tokens: int, fan_in: int, fan_out:
                 forward: bool = True, backward: bool = True) -> float:
     """A linear layer over `tokens` rows: forward (tokens × in → out), and backward's gradient of its input
     (tokens × out → in) and of its weight (in × tokens → out)."""
-    t = gemm_time(hw, precision, tokens, fan_out, fan_in, elem_bytes) if forward else 0.0
-    if backward:
-        t += gemm_time(hw, precision, tokens, fan_in, fan_out, elem_bytes)
-        t += gemm_time(hw, precision, fan_in, fan_out, tokens, elem_bytes)
-    return t
+    fwd, dgrad, wgrad = linear_parts(hw, precision, tokens, fan_in, fan_out, elem_bytes)
+    return (fwd if forward else 0.0) + (dgrad + wgrad if backward else 0.0)
+
+
+def linear_parts(hw: Hardware, precision: str, tokens: int, fan_in: int, fan_out: int, elem_bytes: float,
+                 chunks: int = 1) -> tuple[float, float, float]:
+    """A linear layer's three GEMMs over `tokens` rows: (forward, input gradient, weight gradient). `chunks`: the
+    forward and input-gradient GEMMs run as that many GEMMs of tokens/chunks rows each (async TP's
+    micro-pipelining, which multiplies each shard of the sequence as it arrives)."""
+    rows = -(-tokens // chunks)
+    return (chunks * gemm_time(hw, precision, rows, fan_out, fan_in, elem_bytes),
+            chunks * gemm_time(hw, precision, rows, fan_in, fan_out, elem_bytes),
+            gemm_time(hw, precision, fan_in, fan_out, tokens, elem_bytes))
 
 
 def attention_forward_flops(queries: int, seq_len: int, heads: int, head_dim: int) -> float:

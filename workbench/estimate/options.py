@@ -2,7 +2,8 @@
 
 `Features` are estimate-only options: a published setting the estimator models on request before the engine has
 it (`wb.estimate(cfg, hw, features=Features(loss_parallel=True))`). What the engine runs itself is read from the
-Config: torch.compile (`Config.compile`), Float8 linears (`Config.precision` "fp8_tensorwise"/"fp8_rowwise").
+Config: torch.compile (`Config.compile`), 8-bit linears (`Config.precision` "fp8_tensorwise", "fp8_rowwise",
+"mxfp8"; with tensor parallel too), async TP (`Config.async_tp`).
 `Dtypes` is the byte size of each kind of tensor a layout makes, and the kernels that decide them.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.config import FP8, Config
+from workbench.config import FP8, MX, Config
 
 
 @dataclass(frozen=True)
@@ -22,16 +23,24 @@ class Features:
     """torch.compile of the loss too (torchtitan compiles it with the model since 2025; Config.compile compiles
     the blocks only): the cross-entropy fused into kernels that keep the logits and a log-sum-exp per token instead
     of fp32 log-probabilities."""
-    float8_tp: bool = False
-    """torchao Float8Linear on every block's linears under tensor parallel (torchao's Float8 tensor-parallel
-    styles, which the engine does not wire: Config refuses fp8 with tp > 1). Modelled as precision
-    "fp8_tensorwise": GEMMs at the fp8 peak, weights gathered in 1 byte, casts to fp8 around every GEMM."""
     loss_parallel: bool = False
     """tensor parallel keeps the logits split over the vocabulary for the loss (torchtitan's default with tp):
     no all-gather of the logits, each rank's loss tensors 1/tp of the vocabulary."""
+    nvfp4: float = 0.0
+    """Share of the blocks, the first ones, whose linears run NVFP4 (torchao's NVFP4 training prototype on
+    Blackwell: e2m1 elements with an fp8 scale per 16 and one fp32 scale per tensor; torchtitan's recipe
+    llama3_8b_first_85_pct_layers_nvfp4 is 0.85, the last blocks and the head kept in bf16): their GEMMs at the
+    device's FP4 rate, their operands cast per 16-element block along each GEMM's reduction dim; the weights and
+    every collective stay bf16. 0: none."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.nvfp4 <= 1.0:
+            raise ValueError(f"Features.nvfp4 is a share of the blocks in [0, 1], got {self.nvfp4}")
 
     def describe(self) -> str:
-        on = [name for name in ("compile_loss", "float8_tp", "loss_parallel") if getattr(self, name)]
+        on = [name for name in ("compile_loss", "loss_parallel") if getattr(self, name)]
+        if self.nvfp4:
+            on.append(f"nvfp4 {self.nvfp4:.0%} of blocks")
         return "+".join(on) if on else "none"
 
 
@@ -57,29 +66,35 @@ class Dtypes:
     """What a linear layer saves of its input: the compute dtype; 1 byte with Float8 linears (their fp8 cast)."""
     gathered: int
     """Bytes per parameter FSDP2 all-gathers and holds unsharded: fp32 under autocast, the compute dtype under
-    mixed precision, 1 with the float8 all-gather (tensorwise scaling)."""
+    mixed precision, 1 with the float8 all-gather (tensorwise scaling, Config.fp8_all_gather)."""
     weight_copies: bool
     """Autocast keeps a 2-byte copy of every weight it casts, saved for backward, per micro-batch in flight."""
     mixed_precision: bool
     float8: bool = False
-    """The blocks' linears are torchao Float8Linear: their GEMMs run at the fp8 rate on fp8 operands."""
+    """The blocks' linears are torchao 8-bit linears (Float8 or MX): their GEMMs run at the fp8 rate on fp8
+    operands."""
     fused: bool = False
     """torch.compile (inductor) fuses each block's elementwise ops into few kernels (Config.compile)."""
+    recipe: str = ""
+    """How the 8-bit linears scale: "tensorwise", "rowwise", "mx" (a scale per 32 along the reduction dim);
+    "" without them."""
 
 
-def float8(cfg: Config, features: Features = NO_FEATURES) -> bool:
-    """Whether the blocks' linears run as Float8 (an fp8 precision, or Features.float8_tp)."""
-    return cfg.precision in FP8 or features.float8_tp
+
+def float8(cfg: Config) -> bool:
+    """Whether the blocks' linears run in 8 bits (an fp8 or MX precision)."""
+    return cfg.precision in FP8
 
 
 def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:
     low = cfg.precision in ("bf16", "fp16", *FP8)
     mp = fsdp_mixed_precision(cfg)
     a = 2 if low else 4
-    f8 = float8(cfg, features)
-    # torchao's float8 FSDP all-gather is the tensorwise recipe's (engine/parallel/float8.py).
-    f8_gather = f8 and cfg.precision != "fp8_rowwise"
+    f8 = float8(cfg)
+    recipe = ("mx" if cfg.precision in MX else cfg.precision.removeprefix("fp8_")) if f8 else ""
+    # torchao's float8 FSDP all-gather is the tensorwise recipe's, when asked for (engine/parallel/float8.py).
+    f8_gather = recipe == "tensorwise" and cfg.zero >= 2 and cfg.fp8_all_gather
     return Dtypes(compute=a, residual=a if mp else 4, linear_input=1 if f8 else a,
                   gathered=1 if f8_gather else a if mp else 4,
                   weight_copies=low and not mp and not f8, mixed_precision=mp, float8=f8,
-                  fused=cfg.compile and cfg.compile_backend == "inductor")
+                  fused=cfg.compile and cfg.compile_backend == "inductor", recipe=recipe)

@@ -1,11 +1,11 @@
-"""Pipeline parallel: the micro-batches a rank holds in flight in its schedule's order, its receive buffers, and
-the sends between stages."""
+"""Pipeline parallel: the micro-batches a rank holds in flight in its schedule's order, its receive buffers, the
+sends between stages, and (GPU model) the schedule run in time with each stage's own compute."""
 
 from __future__ import annotations
 
 import functools
 
-from workbench.schedules import rank_orders
+from workbench.schedules import Action, rank_orders, simulate
 from workbench.estimate.collectives import Network, collective
 from workbench.estimate.records import Collective, Role
 from workbench.estimate.stage import Stage
@@ -37,17 +37,41 @@ def peak_in_flight(st: Stage, saved: dict[int, int]) -> int:
     return peak
 
 
+def pipeline_span(st: Stage, times: dict[int, tuple[float, float]], hop_s: float) -> float:
+    """Seconds from the first forward to the last backward of a step: the schedule's actions placed in time, each
+    as early as its rank and its inputs allow (`schedules.simulate`), a stage's forward and backward of one
+    micro-batch taking `times[stage]` (uneven stages, the embedding's and the head's chunks, each their own) and
+    every hop between ranks a send of the stage boundary (`hop_s`), posted when the receiving rank is free (torch
+    batches a stage's receive with its previous action's send). A split backward's halves take half of B each."""
+    cfg = st.cfg
+
+    def duration(action: Action) -> float:
+        forward, backward = times[action.stage]
+        return forward if action.kind == "F" else backward if action.kind == "B" else backward / 2
+
+    orders = _rank_orders(cfg.schedule, cfg.pp, cfg.micro_batches, st.chunks)
+    return simulate(orders, duration, st.chunks, hop_s, receive_when_free=True).makespan
+
+
 def receive_buffers(st: Stage) -> int:
     """torch allocates, once, a receive buffer per micro-batch for each stage's input (but the first stage's) and
     for the gradient of its output (but the last's), and keeps them between steps."""
     return st.boundaries * st.cfg.micro_batches * st.residual() if st.cfg.pp > 1 else 0
 
 
-def pp_comm(st: Stage, net: Network) -> list[Collective]:
+def pp_comm(st: Stage, net: Network, in_time: bool = False) -> list[Collective]:
+    """The sends between stages. `in_time`: the step's span already holds them (`pipeline_span` waits for each
+    hop on the critical path), so none is exposed beyond it."""
     cfg = st.cfg
     if cfg.pp == 1:
         return []
-    # Forward sends the fp32 residual stream on (sequence-sharded under tp); backward sends its gradient back.
+    # Forward sends the residual stream on (sequence-sharded under tp); backward sends its gradient back.
     # Each boundary is crossed both ways: this rank sends as many activations and gradients as it receives.
+    calls = st.boundaries * cfg.micro_batches
     return [collective(net, st.rank, "pp", "send_recv", Role.PIPELINE, "activations and their gradients",
-                       st.boundaries * cfg.micro_batches, st.residual(), 2)]
+                       calls, st.residual(), 2, hidden_by=float("inf") if in_time else 0.0)]
+
+
+def hop_time(st: Stage, net: Network) -> float:
+    """Seconds one send of a stage boundary takes between neighbouring pipeline ranks."""
+    return net.call_time("send_recv", "pp", st.residual(), 2, st.rank)

@@ -18,9 +18,9 @@ from workbench.estimate.data_parallel import dp_comm
 from workbench.estimate.expert import ep_comm
 from workbench.estimate.memory import stage_memory
 from workbench.estimate.options import NO_FEATURES, Dtypes, Features, dtypes
-from workbench.estimate.pipeline import pp_comm
+from workbench.estimate.pipeline import hop_time, pipeline_span, pp_comm
 from workbench.estimate.records import Estimate, Memory, Role, StageEstimate
-from workbench.estimate.stage import Stage, stage_shapes
+from workbench.estimate.stage import Stage, chunk_shapes, stage_shapes
 from workbench.estimate.step_gpu import MicroBatchCompute, micro_batch_compute, optimizer_time
 from workbench.estimate.tensor import tp_comm
 from workbench.estimate.timeline import gpu_memory
@@ -48,12 +48,11 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     if features != NO_FEATURES and hw.kind == "cpu":
         raise ValueError(f"features {features.describe()} are modelled for GPU profiles only; the CPU model is "
                          "this engine on CPU kernels, which runs none of them")
-    if features.float8_tp and (cfg.tp == 1 or cfg.precision != "bf16"):
-        raise ValueError("Features(float8_tp=True) models Float8 linears under tensor parallel, which the engine "
-                         f"lacks; with tp={cfg.tp}, precision={cfg.precision!r}: use tp > 1 with precision='bf16', "
-                         "or set precision='fp8_tensorwise' (tp=1) instead")
-    if (features.float8_tp or cfg.precision in FP8) and "fp8" not in hw.peak_flops:
-        raise ValueError(f"Float8 linears need an fp8 peak; {hw.name} has none")
+    if cfg.precision in FP8:
+        hw.peak(cfg.precision)  # refuses a device without that rate: fp8 before Hopper/Ada, MX before Blackwell
+    if features.nvfp4 and "nvfp4" not in hw.peak_flops:
+        raise ValueError(f"Features.nvfp4 models NVFP4 linears, which only Blackwell multiplies; {hw.name} has no "
+                         f"nvfp4 rate (it has {sorted(hw.peak_flops)})")
     net = network(cfg, hw)
     shapes = stage_shapes(cfg, traced)
     flops = [executed_flops(st) for st in shapes]
@@ -89,17 +88,27 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
               for st, f in zip(shapes, flops)]
     # A stated efficiency covers everything (the FLOPs model); the kernel model adds the optimizer's step.
     optimizer = [0.0 if efficiency else optimizer_time(st, hw) for st in shapes]
-    # Every stage advances in lockstep with the slowest one; the bubble adds `bubble_slots` idle micro-batch slots.
-    compute_s = max(p.total for p in priced) * slots + max(optimizer)
+    in_time = cfg.pp > 1 and not efficiency
+    # The collectives inside each micro-batch's forward and backward (tp, cp, ep): they lengthen its actions.
+    inner = [[*tp_comm(st, net, dt, features, (mb.tp_gather_gemm, mb.tp_scatter_gemm)), *ep_comm(st, net),
+              *cp_comm(st, net, m * mb.attention)] for st, mb in zip(shapes, priced)]
+    if in_time:
+        # The schedule run in time, each stage with its own compute and exposed collectives, each hop a send.
+        times = _action_times(shapes, dt, features, hw, priced, inner)
+        span = pipeline_span(shapes[0], times, hop_time(shapes[0], net))
+        critical = max(range(len(shapes)), key=lambda i: sum(c.exposed_s for c in inner[i]))
+        compute_s = span - sum(c.exposed_s for c in inner[critical]) + max(optimizer)
+    else:
+        # Every stage advances in lockstep with the slowest one; the bubble adds `bubble_slots` idle slots.
+        compute_s = max(p.total for p in priced) * slots + max(optimizer)
     stages = []
-    for st, f, mb, opt_s in zip(shapes, flops, priced, optimizer):
+    for st, f, mb, opt_s, own in zip(shapes, flops, priced, optimizer, inner):
         units = len(st.layers) + (st.root > 0)
         gathers_per_unit = 2 if cfg.zero == 3 else 1
         per_unit = ((mb.forward + (mb.backward if cfg.zero == 3 else 0)) / (gathers_per_unit * units),
                     mb.backward / units)
-        comm = [*dp_comm(st, net, dt, compute_s, mb.backward, per_unit=per_unit),
-                *tp_comm(st, net, dt, features), *pp_comm(st, net), *ep_comm(st, net),
-                *cp_comm(st, net, m * mb.attention)]
+        comm = [*dp_comm(st, net, dt, compute_s, mb.backward, per_unit=per_unit), *own,
+                *pp_comm(st, net, in_time)]
         split = (("gemm", m * mb.gemm), ("attention", m * mb.attention), ("memory-bound", m * mb.memory_bound),
                  ("optimizer", opt_s))
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params,
@@ -111,6 +120,22 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
     return Estimate(config=cfg, hardware=hw, efficiency=achieved, stages=tuple(stages),
                     model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=GPU_ASSUMPTIONS,
                     features=features)
+
+
+def _action_times(shapes: list[Stage], dt: Dtypes, features: Features, hw: Hardware,
+                  priced: list[MicroBatchCompute], inner: list[list]) -> dict[int, tuple[float, float]]:
+    """(forward, backward) seconds of one micro-batch through each pipeline stage: its chunk's own kernels
+    (`chunk_shapes`: uneven blocks, the embedding's, the head's and the loss's), and its share (by blocks) of its
+    rank's exposed collectives per micro-batch, a third in forward and two in backward."""
+    m = shapes[0].cfg.micro_batches
+    times = {}
+    for st, mb, comm in zip(shapes, priced, inner):
+        exposed = sum(c.exposed_s for c in comm) / m
+        for chunk in chunk_shapes(st):
+            own = micro_batch_compute(chunk, dt, features, hw) if len(st.stages) > 1 else mb
+            share = exposed * len(chunk.layers) / max(1, len(st.layers))
+            times[chunk.stages[0]] = (own.forward + share / 3, own.backward + 2 * share / 3)
+    return times
 
 
 def _stated(st: Stage, flops: float, hw: Hardware, cfg: Config, efficiency: float) -> MicroBatchCompute:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.config import FP8, Config, checkpointed_blocks
-from workbench.schedules import config_rank_stages, config_stages, rank_layers
+from workbench.schedules import config_rank_stages, config_stages, rank_stage_layers
 from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
 from workbench.model_profile import ModelProfile
 
@@ -29,6 +29,8 @@ class Stage:
     """Pipeline rank (0 with pp = 1)."""
     layers: tuple[int, ...]
     """Global indices of the blocks this rank holds, in order (all its chunks when interleaved)."""
+    chunk_layers: tuple[tuple[int, ...], ...]
+    """The blocks of each of its stages, in `stages` order (equal in size, or as Config.stage_layers cut them)."""
     chunks: int
     """Pipeline stages (model chunks) per rank: stages_per_rank when interleaved, else 1."""
     stages: tuple[int, ...]
@@ -127,17 +129,29 @@ class Stage:
         `kept(its blocks)` says they keep, plus `edges(first, last)` around them on the first and last stage, less
         the `received` input of a stage after the first (torch's receive buffer for that micro-batch, held between
         steps whatever is in flight and counted under buffers)."""
-        per_chunk = len(self.layers) // self.chunks
-        return {stage: kept(self.layers[c * per_chunk:(c + 1) * per_chunk])
-                + edges(stage == 0, stage == self.last_stage) - (received if stage > 0 else 0)
-                for c, stage in enumerate(self.stages)}
+        return {stage: kept(layers) + edges(stage == 0, stage == self.last_stage) - (received if stage > 0 else 0)
+                for stage, layers in zip(self.stages, self.chunk_layers)}
 
 
-def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile | None = None) -> Stage:
+def stage_shape(cfg: Config, rank: int, profile: ModelProfile | None = None) -> Stage:
+    """Pipeline rank `rank`'s shape (from the traced `profile` where one is given)."""
+    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
+    return _shape(cfg, rank, tuple(config_rank_stages(cfg, rank)), tuple(rank_stage_layers(cfg, rank)), profile)
+
+
+def chunk_shapes(st: Stage) -> list[Stage]:
+    """Each pipeline stage (model chunk) `st`'s rank holds, as a shape of its own: what one forward or backward
+    action of the schedule computes."""
+    return [_shape(st.cfg, st.rank, (stage,), (layers,), st.profile)
+            for stage, layers in zip(st.stages, st.chunk_layers)]
+
+
+def _shape(cfg: Config, rank: int, stages: tuple[int, ...], chunk_layers: tuple[tuple[int, ...], ...],
+           profile: ModelProfile | None = None) -> Stage:
     if profile is not None:
-        return _traced_stage(cfg, rank, layers, profile)
+        return _traced_stage(cfg, rank, stages, chunk_layers, profile)
     m, tp = cfg.model, cfg.tp
-    place, first, last = _placement(cfg, rank, layers)
+    place, layers, first, last = _placement(cfg, rank, stages, chunk_layers)
     # Tensor parallel splits every weight matrix (head and embedding vocab-parallel); norms stay whole.
     block_matmul = block_matmul_params(m) // tp
     block_params = block_matmul + 2 * m.dim
@@ -161,26 +175,26 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelP
     )
 
 
-def _placement(cfg: Config, rank: int, layers: tuple[int, ...]) -> tuple[dict, bool, bool]:
-    """Where pipeline rank `rank`, holding `layers`, sits (the Stage fields that do not depend on the model's
-    source), and whether it holds the first stage and the last."""
+def _placement(cfg: Config, rank: int, stages: tuple[int, ...], chunk_layers: tuple[tuple[int, ...], ...]
+               ) -> tuple[dict, tuple[int, ...], bool, bool]:
+    """Where pipeline rank `rank`, holding `stages` of blocks `chunk_layers`, sits (the Stage fields that do not
+    depend on the model's source), the blocks it holds, and whether it holds the first stage and the last."""
+    layers = tuple(i for chunk in chunk_layers for i in chunk)
     chunks = config_stages(cfg)
     checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
-    # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
-    stages = tuple(config_rank_stages(cfg, rank))
     last_stage = cfg.pp * chunks - 1
-    fields = dict(cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
+    fields = dict(cfg=cfg, rank=rank, layers=layers, chunk_layers=chunk_layers, chunks=chunks, stages=stages,
                   boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
                   tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
                   checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed))
-    return fields, 0 in stages, last_stage in stages
+    return fields, layers, 0 in stages, last_stage in stages
 
 
 def stage_shapes(cfg: Config, profile: ModelProfile | None = None) -> list[Stage]:
     """Every pipeline rank's shape, in rank order; from the traced `profile` where one is given."""
     if profile is not None:
         check_profile(cfg, profile)
-    return [stage_shape(cfg, rank, layers, profile) for rank, layers in enumerate(rank_layers(cfg))]
+    return [stage_shape(cfg, rank, profile) for rank in range(cfg.pp)]
 
 
 def traced_precision(cfg: Config) -> str:
@@ -200,10 +214,11 @@ def check_profile(cfg: Config, profile: ModelProfile) -> None:
                          f"precision {low!r}, {cfg.model.n_layers} blocks: trace it for this Config")
 
 
-def _traced_stage(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile) -> Stage:
+def _traced_stage(cfg: Config, rank: int, stages: tuple[int, ...], chunk_layers: tuple[tuple[int, ...], ...],
+                  profile: ModelProfile) -> Stage:
     """A pipeline rank's shape from a traced model: its parameters per block and around them, as traced."""
     tp, ep = cfg.tp, cfg.ep
-    place, first, last = _placement(cfg, rank, layers)
+    place, layers, first, last = _placement(cfg, rank, stages, chunk_layers)
     head_tp = tp if profile.head_split else 1
     embedding = ceil_div(profile.embedding_params, head_tp)
     head = ceil_div(profile.head_params, head_tp)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from workbench.config import FP8
 from workbench.estimate.expert import assignments
-from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_time, memory_time
+from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_parts, linear_time, memory_time
+from workbench.estimate.low_precision import cast_bytes
+from workbench.estimate.low_precision import gemm_precision as gemm_precision_of
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
 from workbench.estimate.stage import Stage
@@ -46,6 +48,12 @@ class MicroBatchCompute:
     memory_bound: float
     forward: float
     backward: float
+    tp_gather_gemm: float = 0.0
+    """GEMMs that read what a sequence-parallel all-gather brings (the column-parallel linears' forwards, the
+    row-parallel ones' backward) and that async TP runs beside it."""
+    tp_scatter_gemm: float = 0.0
+    """GEMMs whose output a sequence-parallel reduce-scatter sums (the row-parallel linears' forwards, the
+    column-parallel ones' input gradients)."""
 
     @property
     def total(self) -> float:
@@ -62,8 +70,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
     parallel DTensor's gathers and reduce-scatters along the sequence dim copy the gathered tensor once (2·D each).
     Compiled (torch.compile per block, Features.compile): each fused region reads its inputs and writes its
     outputs once: norm (r + a)·D, rotary 2a per element, add + norm 2(r + a)·D, silu·product 3a·F, the last add.
-    Float8 linears cast each linear's input and output gradient to fp8 with a transposed copy for the weight
-    gradient: about 5 bytes per element of every linear's fan-in and fan-out."""
+    The casts of 8-bit and 4-bit linears are `low_precision.cast_bytes`, counted apart."""
     m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     if dt.fused:
@@ -76,31 +83,42 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
         gathered = (2 * 6 * d if dt.weight_copies else 0) + (2 * 2 * r * d if tp > 1 else 0)
     if tp > 1:
         gathered += 2 * 2 * a * d  # the reduce-scatters' input copies
-    fp8 = 5 * (2 * d + 2 * d + 2 * (d + kv) + 3 * (d + f)) if dt.float8 else 0.0
-    return sharded / tp + heads / tp + gathered + fp8 / tp
+    return sharded / tp + heads / tp + gathered
 
 
 def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware) -> MicroBatchCompute:
     """One micro-batch's kernels on `hw`, for this stage."""
     cfg, m, tp, t = st.cfg, st.cfg.model, st.cfg.tp, st.tokens
     a = dt.compute
-    # Float8 linears run at the fp8 rate; attention and the head stay in the bf16 beside them.
+    # 8-bit (and NVFP4) linears run at their format's rate; attention and the head stay in the bf16 beside them.
     base = "bf16" if cfg.precision in FP8 else cfg.precision
-    gemm_precision = "fp8" if dt.float8 else base
-    gemm_bytes = 1 if dt.float8 else a
     d = st.profile.dim if st.profile else m.dim
-    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = 0.0
+    gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = cast_fwd = cast_bwd = tp_gather = tp_scatter = 0.0
     fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
-    # Blocks alike (same recomputation, same kind) cost alike: price one of each kind, times how many.
     traced = st.profile
-    kinds = Counter((policy(st, layer), traced.blocks[layer] if traced else m.is_moe_layer(layer))
-                    for layer in st.layers)
-    for (how, kind), count in kinds.items():
+    n_layers = len(traced.blocks) if traced else m.n_layers
+    nvfp4_blocks = round(features.nvfp4 * n_layers)  # the first blocks (torchtitan's recipe keeps the last bf16)
+    # Async TP multiplies the sequence's tp shards as they arrive (and sends the output's as they are done).
+    chunks = tp if cfg.async_tp else 1
+    # Blocks alike (same recomputation, kind and linears' format) cost alike: one of each kind, times how many.
+    kinds = Counter((policy(st, layer), traced.blocks[layer] if traced else m.is_moe_layer(layer),
+                     layer < nvfp4_blocks) for layer in st.layers)
+    for (how, kind, fp4), count in kinds.items():
+        precision, elem = gemm_precision_of(dt, base, fp4)
+        recipe = "nvfp4" if fp4 else dt.recipe
         if traced is not None:
-            fwd, bwd = _traced_gemms(st, traced.kinds[kind], how, hw, gemm_precision, gemm_bytes, base, a)
+            block = traced.kinds[kind]
+            fwd, bwd, gathered, scattered = _traced_gemms(st, block, how, hw, precision, elem, base, a, chunks)
+            linears = [(g.count, *g.fans(tp)) for g in block.gemms]
         else:
-            fwd, bwd = _block_gemms(st, kind, how, hw, gemm_precision, gemm_bytes, base, a)
+            fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks)
+            linears = None
+        if recipe:
+            c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears)
+            cast_fwd += count * t * c_fwd
+            cast_bwd += count * t * (c_bwd + (c_fwd if how != "none" else 0.0))  # recomputation casts again
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
+        tp_gather, tp_scatter = tp_gather + count * gathered, tp_scatter + count * scattered
         attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
         attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
     if st.last:
@@ -112,6 +130,7 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     recomputing = sum(policy(st, i) != "none" for i in st.layers)
     mem_fwd = per_block * len(st.layers)
     mem_bwd = 2 * mem_fwd + per_block * recomputing
+    mem_fwd, mem_bwd = mem_fwd + cast_fwd, mem_bwd + cast_bwd
     if st.last:
         # The loss, eager: the logits' fp32 copy, log_softmax's passes and nll_loss; backward's mirror of them.
         # Compiled: one pass over the logits forward (max and sum online), one reading them and writing the
@@ -122,47 +141,66 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     mem_fwd, mem_bwd = memory_time(hw, mem_fwd), memory_time(hw, mem_bwd) + _fsdp_copies(st, dt, hw)
     return MicroBatchCompute(gemm=gemm_fwd + gemm_bwd, attention=attn_fwd + attn_bwd,
                              memory_bound=mem_fwd + mem_bwd, forward=gemm_fwd + attn_fwd + mem_fwd,
-                             backward=gemm_bwd + attn_bwd + mem_bwd)
+                             backward=gemm_bwd + attn_bwd + mem_bwd, tp_gather_gemm=tp_gather,
+                             tp_scatter_gemm=tp_scatter)
+
+
+def _split_windows(split: str | None, how: str, again: bool, one: float, dgrad: float,
+                   wgrad: float) -> tuple[float, float]:
+    """What a linear's GEMMs add to the matmuls beside tensor parallel's gathers and reduce-scatters: a column-
+    parallel linear's forward (and its recomputation) reads a gather, its input gradient feeds a reduce-scatter;
+    a row-parallel one's forward feeds a reduce-scatter (recomputed with it only in a checkpointed block: the per-op
+    policy keeps the reduce-scatter's output), its backward reads the gathered output gradient."""
+    if split == "column":
+        return one + (one if again else 0.0), dgrad
+    if split == "row":
+        return dgrad + wgrad, one + (one if how == "block" else 0.0)
+    return 0.0, 0.0
 
 
 def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, elem: float, base: str,
-                 a: float) -> tuple[float, float]:
+                 a: float, chunks: int = 1) -> tuple[float, float, float, float]:
     """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
-    a mixture of experts, whose GEMMs follow), recomputed as `how` says."""
+    a mixture of experts, whose GEMMs follow), recomputed as `how` says; and of them, the matmuls beside tensor
+    parallel's gathers and reduce-scatters (`_split_windows`)."""
     m, tp, t = st.cfg.model, st.cfg.tp, st.tokens
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     q = m.n_heads * m.head_dim
     attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
     mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
     recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
-    fwd = bwd = 0.0
+    row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
+    fwd = bwd = gathered = scattered = 0.0
     for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
-        one = linear_time(hw, precision, t, fan_in, fan_out, elem, backward=False)
+        one, dgrad, wgrad = linear_parts(hw, precision, t, fan_in, fan_out, elem, chunks)
+        again = how == "block" or (how == "op" and i in recomputed_op)
         fwd += one
-        bwd += linear_time(hw, precision, t, fan_in, fan_out, elem, forward=False)
-        if how == "block" or (how == "op" and i in recomputed_op):
-            bwd += one
+        bwd += dgrad + wgrad + (one if again else 0.0)
+        g, s = _split_windows("row" if i in row_parallel else "column", how, again, one, dgrad, wgrad)
+        gathered, scattered = gathered + g, scattered + s
     if moe:
         # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
         moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
         fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
-    return fwd, bwd
+    return fwd, bwd, gathered, scattered
 
 
 def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precision: str, elem: float, base: str,
-                  a: float) -> tuple[float, float]:
+                  a: float, chunks: int = 1) -> tuple[float, float, float, float]:
     """Forward and backward GEMM time of one traced block: each of its linears at its traced shape, split as the
     plan says; under the per-op policy every other one (in the order they ran) recomputed. Its routed experts (no
     linears of their own) as one GEMM of their traced forward FLOPs, in bf16, whole on every tp rank."""
     t = st.tokens
-    fwd = bwd = 0.0
+    fwd = bwd = gathered = scattered = 0.0
     for i, g in enumerate(block.gemms):
         fan_in, fan_out = g.fans(st.cfg.tp)
-        one = g.count * linear_time(hw, precision, t, fan_in, fan_out, elem, backward=False)
+        one, dgrad, wgrad = (g.count * x for x in linear_parts(hw, precision, t, fan_in, fan_out, elem,
+                                                                chunks if g.split else 1))
+        again = how == "block" or (how == "op" and i % 2)  # the op policy keeps every other matmul's output
         fwd += one
-        bwd += g.count * linear_time(hw, precision, t, fan_in, fan_out, elem, forward=False)
-        if how == "block" or (how == "op" and i % 2):  # the op policy keeps every other matmul's output
-            bwd += one
+        bwd += dgrad + wgrad + (one if again else 0.0)
+        w_g, w_s = _split_windows(g.split, how, again, one, dgrad, wgrad)
+        gathered, scattered = gathered + w_g, scattered + w_s
     if block.expert_params:
         linears = sum(2 * g.n * g.k * g.count for g in block.gemms if g.split is None) * st.profile.seq_len
         experts = max(block.replicated_forward_flops - linears, 0.0) * st.profile.per_token(t)
@@ -170,7 +208,7 @@ def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precis
         one = linear_time(hw, base, t, st.profile.dim, width, a, backward=False)
         fwd += one
         bwd += linear_time(hw, base, t, st.profile.dim, width, a, forward=False) + one * (how == "block")
-    return fwd, bwd
+    return fwd, bwd, gathered, scattered
 
 
 def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:

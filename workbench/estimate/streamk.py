@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import functools
 
-K_TILE = {"fp32": 8, "tf32": 32, "bf16": 64, "fp16": 64, "fp8": 128}
-"""Elements of K one main-loop iteration consumes, by the precision a GEMM runs at (see the module docstring)."""
+K_TILE = {"fp32": 8, "tf32": 32, "bf16": 64, "fp16": 64, "fp8": 128, "mxfp8": 128, "nvfp4": 256}
+"""Elements of K one main-loop iteration consumes, by the precision a GEMM runs at (see the module docstring):
+128 bytes of K, so 256 four-bit NVFP4 elements."""
 ACCUMULATOR_BYTES = 4
 """fp32 accumulators: what a partial tile holds, whatever the inputs' precision."""
 

@@ -97,8 +97,9 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     recv = receive_buffers(st) * dt.residual // 4
     at_rest = parameters + optimizer + buckets + recv
 
-    # FSDP2's unsharded parameters and, in backward, one unit's unsharded gradient and its reduce-scatter input.
-    unit = max(st.root, st.block_params if st.layers else 0)
+    # FSDP2's unsharded parameters and, in backward, one unit's unsharded gradient and its reduce-scatter input: a
+    # block's while backward runs through the blocks (the head's gradient, made first, held beside it until the
+    # root's reduce-scatter at backward's end), the root's (embedding, norm, head) at backward's end.
     if zero == 2:
         gathered_fwd = gathered_bwd = dt.gathered * st.params
     elif zero == 3:
@@ -106,7 +107,11 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
         gathered_bwd = gathered_fwd
     else:
         gathered_fwd = gathered_bwd = 0
-    unit_grads = (dt.compute + 4) * unit if fsdp and dt.mixed_precision else 4 * unit if fsdp else 0
+    grad_bytes = (dt.compute + 4) if fsdp and dt.mixed_precision else 4 if fsdp else 0
+    head_grad = (dt.compute if dt.mixed_precision else 4) * (st.head if st.last else 0) if fsdp else 0
+    block_grads = grad_bytes * (st.block_params if st.layers else 0) + head_grad
+    root_grads = grad_bytes * st.root
+    unit_grads = max(block_grads, root_grads)
 
     saved = stage_saved(st, dt, features)
     activations = peak_in_flight(st, saved)
@@ -118,8 +123,8 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     moments = Moments(
         forward_end=at_rest + earlier_grads + activations + gathered_fwd + loss_fwd,
         loss_backward=at_rest + earlier_grads + activations + gathered_fwd + loss_bwd,
-        first_block_backward=at_rest + earlier_grads + activations + gathered_bwd + unit_grads + rebuild,
-        backward_end=at_rest + gradients + gathered_bwd + unit_grads + (input_only(st, dt) if st.layers else 0),
+        first_block_backward=at_rest + earlier_grads + activations + gathered_bwd + block_grads + rebuild,
+        backward_end=at_rest + gradients + gathered_bwd + root_grads + (input_only(st, dt) if st.layers else 0),
         optimizer_step=at_rest + gradients + optimizer_temp,
     )
     return GpuMemory(parameters=parameters, gradients=gradients, optimizer=optimizer,

@@ -5,7 +5,8 @@ plan, plots) and the engine share one rule without processes, and the
 notebook kernel never imports torch for it. One idea per module:
 
 - `layout`: stages per rank (`virtual_stages`), loop or V placement
-  (`stages_of_rank`, `stage_rank`), the blocks of each stage (`split_layers`, `rank_layers`).
+  (`stages_of_rank`, `stage_rank`), the blocks of each stage (`split_layers`, `config_split`, `rank_layers`;
+  even, or as Config.stage_layers gives them, e.g. `lighter_ends`, torchtitan's first and last stages lighter).
 - `grid`: actions (F, B, and the split backward's I and W), the time-step ×
   rank `Grid`, `place` (each action as early as its dependencies allow) and
   `measured_grid` (the order the ranks actually ran, placed the same way).
@@ -37,9 +38,12 @@ from workbench.schedules.layout import (
     V_SHAPED,
     Placement,
     config_rank_stages,
+    config_split,
     config_stages,
+    lighter_ends,
     placement,
     rank_layers,
+    rank_stage_layers,
     split_layers,
     splits_backward,
     stage_rank,
@@ -52,8 +56,8 @@ from workbench.schedules.torch_orders import TORCH_CLASSES, orders_from_torch, t
 __all__ = [
     "FORMULAS", "KINDS", "MULTI_STAGE", "SCHEDULES", "SPLIT_BACKWARD", "TORCH_CLASSES", "V_SHAPED",
     "Action", "ActionInterval", "Durations", "Grid", "Kind", "MeasuredBubble", "Placement", "Timeline",
-    "bubble_formula", "config_grid", "config_rank_stages", "config_stages", "ideal_bubble_fraction",
-    "measured_bubble", "measured_durations", "measured_grid", "measured_orders", "orders_from_torch", "place",
-    "placement", "rank_layers", "rank_orders", "schedule_grid", "simulate", "split_layers", "splits_backward",
-    "stage_rank", "stages_of_rank", "torch_rank_orders", "virtual_stages",
+    "bubble_formula", "config_grid", "config_rank_stages", "config_split", "config_stages", "ideal_bubble_fraction",
+    "lighter_ends", "measured_bubble", "measured_durations", "measured_grid", "measured_orders", "orders_from_torch",
+    "place", "placement", "rank_layers", "rank_orders", "rank_stage_layers", "schedule_grid", "simulate",
+    "split_layers", "splits_backward", "stage_rank", "stages_of_rank", "torch_rank_orders", "virtual_stages",
 ]

@@ -31,6 +31,9 @@ class PipelineConfig(Protocol):
     @property
     def micro_batches(self) -> int: ...
     @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Blocks per pipeline stage when given (uneven stages); () for an even split."""
+    @property
     def model(self) -> Any:
         """The model's shape; its `n_layers` are split among the stages."""
 
@@ -67,12 +70,39 @@ def config_stages(cfg: PipelineConfig) -> int:
     return virtual_stages(cfg.schedule, cfg.pp, cfg.stages_per_rank)
 
 
-def split_layers(n_layers: int, n_stages: int) -> list[range]:
-    """The global block indices of each stage: n_stages runs of consecutive blocks, equal in size."""
+def split_layers(n_layers: int, n_stages: int, sizes: tuple[int, ...] = ()) -> list[range]:
+    """The global block indices of each stage: n_stages runs of consecutive blocks, of the given `sizes` (blocks
+    per stage, in stage order) or, without them, equal in size."""
+    if sizes:
+        if len(sizes) != n_stages or sum(sizes) != n_layers or min(sizes) < 1:
+            raise ValueError(f"stage sizes {sizes} must be {n_stages} counts of at least 1 block summing to "
+                             f"{n_layers} layers")
+        starts = [sum(sizes[:s]) for s in range(n_stages + 1)]
+        return [range(starts[s], starts[s + 1]) for s in range(n_stages)]
     if n_layers % n_stages:
         raise ValueError(f"{n_stages} pipeline stages do not divide {n_layers} layers; choose a divisor of n_layers")
     per = n_layers // n_stages
     return [range(s * per, (s + 1) * per) for s in range(n_stages)]
+
+
+def lighter_ends(n_layers: int, n_stages: int, first: int = 1, last: int = 1) -> tuple[int, ...]:
+    """Blocks per stage with the first and last stages lighter, as torchtitan splits a model whose layers do not
+    divide evenly (torchtitan/distributed/pipeline_parallel.py, `pipeline_parallel_first_stage_less_layers` and
+    `..._last_stage_less_layers`, 1 each by default): the embedding counts as `first` blocks and the norm, head and
+    loss as `last`, and the n_layers + first + last units are shared out as evenly as they go, the remainder one
+    each to the first stages (`_generate_llm_fqn_per_model_part`). Llama 3.1 405B's 126 layers over 8 stages:
+    (15, 16, 16, 16, 16, 16, 16, 15), what torchtitan's December 2024 runs split it into."""
+    if n_stages == 1:
+        return (n_layers,)
+    units = n_layers + first + last
+    base, extra = divmod(units, n_stages)
+    sizes = [base + (s < extra) for s in range(n_stages)]
+    sizes[0] -= first
+    sizes[-1] -= last
+    if min(sizes) < 1 or sum(sizes) != n_layers:
+        raise ValueError(f"{n_layers} layers cannot be shared over {n_stages} stages with the first {first} and the "
+                         f"last {last} lighter")
+    return tuple(sizes)
 
 
 def stages_of_rank(pp_rank: int, pp: int, stages_per_rank: int, style: Placement = "loop") -> list[int]:
@@ -96,7 +126,18 @@ def config_rank_stages(cfg: PipelineConfig, pp_rank: int) -> list[int]:
     return stages_of_rank(pp_rank, cfg.pp, config_stages(cfg), placement(cfg.schedule))
 
 
+def config_split(cfg: PipelineConfig) -> list[range]:
+    """The global block indices of each pipeline stage under `cfg` (Config.stage_layers, or an even split)."""
+    return split_layers(cfg.model.n_layers, cfg.pp * config_stages(cfg), cfg.stage_layers)
+
+
 def rank_layers(cfg: PipelineConfig) -> list[tuple[int, ...]]:
     """The global block indices each pipeline rank holds, in its stages' order."""
-    layers = split_layers(cfg.model.n_layers, cfg.pp * config_stages(cfg))
+    layers = config_split(cfg)
     return [tuple(i for stage in config_rank_stages(cfg, r) for i in layers[stage]) for r in range(cfg.pp)]
+
+
+def rank_stage_layers(cfg: PipelineConfig, pp_rank: int) -> list[tuple[int, ...]]:
+    """The global block indices of each stage pipeline rank `pp_rank` holds, one tuple per stage in its order."""
+    layers = config_split(cfg)
+    return [tuple(layers[stage]) for stage in config_rank_stages(cfg, pp_rank)]

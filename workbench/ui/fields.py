@@ -31,7 +31,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP, OPTIMIZER_HELP
+from workbench.config import ASYNC_TP_HELP, COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP
+from workbench.config import OPTIMIZER_HELP
 from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, divisors
 from workbench.schedules import MULTI_STAGE
 
@@ -171,6 +172,10 @@ CONTROLS: tuple[Control, ...] = (
     Control("compile", "compiler", flag("torch.compile", 150), help=lambda v: COMPILE_HELP if v.compile else None),
     Control("cuda_graphs", "compiler", flag("CUDA Graphs", 150),
             help=lambda v: CUDA_GRAPHS_HELP if v.cuda_graphs else None, active=lambda v: v.compile),
+    Control("async_tp", "compiler", flag("async TP", 120), help=lambda v: ASYNC_TP_HELP if v.async_tp else None,
+            active=lambda v: v.tp > 1 and v.compile),
+    Control("fp8_all_gather", "compiler", flag("fp8 all-gather", 150),
+            active=lambda v: v.precision == "fp8_tensorwise" and v.zero >= 2),
     Control("ep", "experts", degree("ep", "expert-parallel degree: experts split across this many of the dp ranks"),
             help=_moe_help),
     Control("expert_exchange", "experts", dropdown("exchange", choices("expert_exchange"), 190,

@@ -2,7 +2,9 @@
 
 The model's blocks (the model protocol's `block_modules`) are split into pp·v
 chunks (v = stages_per_rank for the interleaved schedules, 2 for the V-shaped
-ones, else 1); the embedding goes with the first chunk and the final norm and
+ones, else 1), of equal size or of the sizes Config.stage_layers gives
+(torchtitan's first and last stages lighter, as they also hold the embedding
+and the head); the embedding goes with the first chunk and the final norm and
 output head with the last. A chunk is the model itself with the other blocks
 deleted and the other parts set to None (`protocol.chunk`, done on the meta
 device before any parameter exists), so its parameter names stay those of the
@@ -274,7 +276,7 @@ def build_pipeline(model: CausalLM, mesh: DeviceMesh, cfg: Config, loss_fn: Loss
     device = torch.device(device)
     per_rank = config_stages(cfg)
     n_stages = pp * per_rank
-    layers = split_layers(len(model.block_modules), n_stages)
+    layers = split_layers(len(model.block_modules), n_stages, cfg.stage_layers)
     loss = _MicroBatchLoss(loss_fn, cfg.micro_batches)
 
     stages: list[_TimedStage] = []

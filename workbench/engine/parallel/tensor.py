@@ -25,9 +25,24 @@ The embedding is split by rows (vocabulary) and the output head by columns, as t
 `torch.distributed.tensor.parallel.loss_parallel()`; without it they are gathered, so the ordinary loss function
 works unchanged. The positions the model is given are set to the whole sequence's: its blocks' inputs hold only a
 slice of the tokens.
+
+Float8 linears with tensorwise scales (precision "fp8_tensorwise") take torchao's Float8 styles for their splits
+(`Float8ColwiseParallel`, `Float8RowwiseParallel`): the scale of each cast is agreed over the tp ranks. torchtitan
+also casts a sublayer's input to fp8 before the sequence-parallel all-gather (`PrepareFloat8ModuleInput`); the
+generic gather here (`GatherSequence`, for either calling convention) moves it in its own precision, which the
+estimator, pricing torchtitan's runs, does not assume. The rowwise and MX recipes keep the plain styles (their
+scales are per row or block, local to each shard), as torchtitan does.
+
+Async TP (Config.async_tp, CUDA only) is torch's micro-pipelined tensor parallel: with
+`torch._inductor.config._micro_pipeline_tp` set, inductor finds each all-gather feeding a matmul and each matmul
+feeding a reduce-scatter in the compiled block and replaces the pair by a fused op that computes the matmul in tp
+chunks while the chunks move through symmetric memory (peers writing into each other's buffers over NVLink), so
+only the first (or last) chunk's transfer is waited for. The tp group's symmetric memory is enabled once, here.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.distributed as dist
@@ -48,13 +63,14 @@ from workbench.models.protocol import CausalLM, Unsupported
 from workbench.models.tp import matching, tp_problems
 
 
-def block_styles(block: nn.Module, plan: dict[str, str], where: str) -> dict[str, ParallelStyle]:
-    """The DTensor styles of one block, from the model's plan and the block's structure (module docstring)."""
+def block_styles(block: nn.Module, plan: dict[str, str], where: str, float8: bool = False) -> dict[str, ParallelStyle]:
+    """The DTensor styles of one block, from the model's plan and the block's structure (module docstring);
+    `float8`: its linears are torchao Float8Linear with tensorwise scales."""
     styles: dict[str, ParallelStyle] = {}
     names = [name for name, _ in block.named_modules() if name]
     for pattern, style in plan.items():
         for name in matching(names, pattern):
-            styles[name] = translate(style, f"{where}.{name}")
+            styles[name] = translate(style, f"{where}.{name}", float8)
     for child, module in block.named_children():
         if any(name.startswith(child + ".") for name in styles):
             styles.setdefault(child, GatherSequence())
@@ -92,11 +108,37 @@ def apply_tp(model: CausalLM, tp_mesh: DeviceMesh, cfg: Config, *, loss_parallel
     # src_data_rank=None: each rank cuts its shards from its own copy, no scatter from rank 0 (one per parameter):
     # every rank holds the same values (on the meta device, nothing yet: they are filled in per piece afterwards).
     parallelize_module(model, tp_mesh, model_styles(model, loss_parallel=loss_parallel), src_data_rank=None)
+    float8 = cfg.precision == "fp8_tensorwise"
     for path, block in model.block_paths():
-        parallelize_module(block, tp_mesh, block_styles(block, plan, path), src_data_rank=None)
+        parallelize_module(block, tp_mesh, block_styles(block, plan, path, float8), src_data_rank=None)
     if model.wb_positions is None:
         model.set_positions(torch.arange(cfg.seq_len))
+    if cfg.async_tp:
+        enable_async_tp(tp_mesh)
+    else:
+        _disable_async_tp()
     return model
+
+
+def _disable_async_tp() -> None:
+    # The pass is a process-wide inductor setting: a layout without async TP after one with it turns it off.
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None and getattr(config, "_micro_pipeline_tp", False):
+        config._micro_pipeline_tp = False
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Let inductor micro-pipeline the tp group's collectives with their matmuls (module docstring); CUDA only:
+    the fused ops move the chunks through CUDA symmetric memory. Config.check_device refuses async_tp elsewhere
+    before any rank is touched; a rank reached some other way refuses here, saying why."""
+    if tp_mesh.device_type != "cuda":
+        raise RuntimeError(f"async_tp: async TP exchanges tensor parallel's shards through CUDA symmetric memory, and "
+                           f"this rank's tp group is on {tp_mesh.device_type}. Fix: set async_tp=False off CUDA")
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 
 
 def reduce_partial_gradients(modules) -> None:

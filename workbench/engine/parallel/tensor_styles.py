@@ -70,13 +70,24 @@ class ComputeWhole(ParallelStyle):
         return module
 
 
-def translate(style: str, where: str) -> ParallelStyle:
+def _splits(float8: bool) -> tuple[type, type]:
+    """(column, row) split styles: torch's, or torchao's Float8 ones for Float8 linears with tensorwise scales."""
+    if not float8:
+        return ColwiseParallel, RowwiseParallel
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    return Float8ColwiseParallel, Float8RowwiseParallel
+
+
+def translate(style: str, where: str, float8: bool = False) -> ParallelStyle:
     """A plan's style name (transformers' vocabulary) as a DTensor style inside a sequence-parallel block: a row
-    split's partial sums are reduce-scattered onto the sequence shards (Shard(1)) rather than all-reduced."""
+    split's partial sums are reduce-scattered onto the sequence shards (Shard(1)) rather than all-reduced.
+    `float8`: the module is a torchao Float8Linear with tensorwise scales (its splits agree the scale over tp)."""
+    colwise, rowwise = _splits(float8)
     if style == "colwise":
-        return ColwiseParallel()
+        return colwise()
     if style == "rowwise":
-        return RowwiseParallel(output_layouts=Shard(1))
+        return rowwise(output_layouts=Shard(1))
     if style in ("colwise_rep", "colwise_gather_output"):
         return ColwiseParallel(output_layouts=Replicate())
     if style in ("rowwise_rep", "rowwise_split_input"):

@@ -1,0 +1,111 @@
+"""The estimator on the layouts torchtitan's published runs need: uneven pipeline stages, async TP, Float8 under
+tensor parallel, Blackwell profiles with MXFP8 and NVFP4, ZeRO over dp·cp. Pure arithmetic, no processes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import workbench as wb
+from workbench.estimate import Features, Role
+from workbench.estimate.options import dtypes
+from workbench.estimate.stage import chunk_shapes, stage_shapes
+from workbench.hardware import B200, GB200, GB300, profile
+from workbench import links
+
+EIGHT_B = wb.ModelConfig.preset("8b")
+
+
+def _tp8(**changes) -> wb.Config:
+    base = wb.Config(model=EIGHT_B, dp=8, tp=8, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                     activation_checkpointing="op", seq_len=8192, batch_size=96)
+    return base.replace(**changes)
+
+
+def _sequence_parallel(est: wb.Estimate) -> list:
+    return [c for c in est.comm if c.role is Role.SEQUENCE_PARALLEL]
+
+
+def test_async_tp_hides_the_fused_collectives_and_leaves_backwards_reduce_scatters():
+    plain, fused = (wb.estimate(_tp8(async_tp=a), "h100") for a in (False, True))
+    # Same bytes: async TP moves what plain TP moves, in tp chunks beside the matmuls.
+    assert sum(c.bytes for c in _sequence_parallel(plain)) == sum(c.bytes for c in _sequence_parallel(fused))
+    assert sum(c.exposed_s for c in _sequence_parallel(plain)) == pytest.approx(
+        sum(c.time_s for c in _sequence_parallel(plain)))  # plain TP: every collective blocks
+    unfused = [c for c in _sequence_parallel(fused) if "unfused" in c.what]
+    assert unfused and all(c.exposed_s == pytest.approx(c.time_s) for c in unfused)
+    fused_calls = [c for c in _sequence_parallel(fused) if "unfused" not in c.what]
+    assert sum(c.exposed_s for c in fused_calls) < 0.2 * sum(c.time_s for c in fused_calls)
+    assert fused.step_time_s < plain.step_time_s
+    # The chunked matmuls cost a little more than whole ones: the compute alone is not faster.
+    assert fused.compute_s >= plain.compute_s
+
+
+def test_float8_under_tensor_parallel_gathers_one_byte_an_element_and_runs_at_the_fp8_rate():
+    bf16, fp8 = (wb.estimate(_tp8(precision=p), "h100") for p in ("bf16", "fp8_tensorwise"))
+    gathers = [next(c for c in e.comm if c.kind == "all_gather" and c.role is Role.SEQUENCE_PARALLEL)
+               for e in (bf16, fp8)]
+    # torchao's Float8 styles cast before they gather; the rowwise recipe keeps torch's styles (bf16 gathers).
+    assert gathers[1].bytes < 0.6 * gathers[0].bytes
+    rowwise = wb.estimate(_tp8(precision="fp8_rowwise"), "h100")
+    assert next(c for c in rowwise.comm if c.kind == "all_gather" and c.role is Role.SEQUENCE_PARALLEL).bytes \
+        == gathers[0].bytes
+    assert dict(fp8.critical_stage.compute_split)["gemm"] < 0.75 * dict(bf16.critical_stage.compute_split)["gemm"]
+
+
+def test_fp8_all_gather_is_the_configs_choice():
+    cfg = wb.Config(model=EIGHT_B, dp=8, zero=3, precision="fp8_tensorwise", mixed_precision="fsdp", seq_len=8192,
+                    batch_size=16)
+    assert dtypes(cfg).gathered == 1 and dtypes(cfg.replace(fp8_all_gather=False)).gathered == 2
+    on, off = (wb.estimate(c, "h100") for c in (cfg, cfg.replace(fp8_all_gather=False)))
+    gather = lambda e: next(c for c in e.comm if c.role is Role.PARAMETER_GATHER).bytes  # noqa: E731
+    assert gather(off) == pytest.approx(2 * gather(on), rel=0.01)
+
+
+def test_uneven_stages_give_each_rank_its_own_blocks_and_the_schedule_its_own_times():
+    model = dataclasses.replace(EIGHT_B, n_layers=30)
+    cfg = wb.Config(model=model, dp=2, pp=4, zero=2, precision="bf16", mixed_precision="fsdp", micro_batches=8,
+                    batch_size=16, seq_len=4096, stage_layers=wb.lighter_ends(30, 4))
+    assert cfg.stage_layers == (7, 8, 8, 7)
+    shapes = stage_shapes(cfg)
+    assert [len(s.layers) for s in shapes] == [7, 8, 8, 7]
+    assert shapes[0].layers == tuple(range(7)) and shapes[3].layers == tuple(range(23, 30))
+    est = wb.estimate(cfg, "h100")
+    # The middle ranks hold more blocks (more matmuls); the ends hold the embedding or the head besides.
+    gemm = [dict(s.compute_split)["gemm"] for s in est.stages]
+    assert gemm[1] == pytest.approx(gemm[2]) and gemm[1] > gemm[0] and gemm[1] == pytest.approx(8 / 7 * gemm[0])
+    # Interleaved: each chunk its own shape, in the rank's stage order.
+    looped = cfg.replace(schedule="interleaved_1f1b", stages_per_rank=2, stage_layers=wb.lighter_ends(30, 8))
+    chunks = chunk_shapes(stage_shapes(looped)[0])
+    assert [c.stages for c in chunks] == [(0,), (4,)]
+    assert [len(c.layers) for c in chunks] == [looped.stage_layers[0], looped.stage_layers[4]]
+    assert chunks[0].first and not chunks[1].first
+    # The schedule run in time with its hops: a heavier middle slows the step against an even split would.
+    even = cfg.replace(model=dataclasses.replace(model, n_layers=32), stage_layers=())
+    assert wb.estimate(even, "h100").compute_s > est.compute_s
+
+
+def test_blackwell_profiles_are_their_datasheets_and_mxfp8_and_nvfp4_are_theirs_only():
+    assert (B200.peak("bf16"), B200.peak("fp8"), B200.peak("mxfp8"), B200.peak("nvfp4")) == (2.25e15, 4.5e15,
+                                                                                             4.5e15, 9e15)
+    assert (GB200.peak("bf16"), GB300.peak("nvfp4"), GB300.memory_bytes) == (2.5e15, 15e15, 279e9)
+    assert GB200.gpus_per_node == GB300.gpus_per_node == 72  # one NVLink domain per NVL72 rack
+    assert links.preset(GB200.cluster, nodes=2).gpus_per_node == 72
+    limited = profile("b200@750w")
+    assert limited.power_limit_w == 750 and limited.power_scale == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="a power limit is @<watts>w"):
+        profile("b200@2000w")
+    cfg = wb.Config(model=EIGHT_B, dp=8, zero=3, precision="mxfp8", mixed_precision="fsdp", seq_len=8192,
+                    batch_size=8, activation_checkpointing="op", compile=True)
+    mx, bf16 = (wb.estimate(c, "b200") for c in (cfg, cfg.replace(precision="bf16")))
+    assert mx.step_time_s < bf16.step_time_s
+    with pytest.raises(ValueError, match="h200 has no mxfp8 peak"):
+        wb.estimate(cfg, "h200")
+    # NVFP4 (an estimator option): the first 85% of the blocks at the FP4 rate, the rest and the head in bf16.
+    fp4 = wb.estimate(cfg.replace(precision="bf16"), "b200", features=Features(nvfp4=0.85))
+    assert fp4.step_time_s < bf16.step_time_s
+    with pytest.raises(ValueError, match="only Blackwell multiplies; h100 has no nvfp4 rate"):
+        wb.estimate(cfg.replace(precision="bf16"), "h100", features=Features(nvfp4=0.85))
+    with pytest.raises(ValueError, match="share of the blocks"):
+        Features(nvfp4=1.5)

@@ -1,0 +1,83 @@
+"""8-bit and 4-bit linears (Config.precision "fp8_tensorwise", "fp8_rowwise", "mxfp8"; Features.nvfp4): the rate
+their GEMMs run at, and the bytes their casts read and write.
+
+Each GEMM of such a linear multiplies two low-precision operands, each scaled along the GEMM's reduction dim, so
+every operand of the three GEMMs (forward x·wᵀ, input gradient dy·w, weight gradient dyᵀ·x) is cast from bf16
+first. What a cast costs, per element, depends on where its scale comes from (torchao's recipes,
+torchao/float8/float8_linear.py and torchao/prototype/mx_formats; inductor fuses each cast into one kernel or two):
+
+- a scale per tensor (tensorwise): the tensor's absolute maximum first (a reduction over all of it: one read),
+  then the cast (a read and a one-byte write): 2a + 1 bytes. torch._scaled_mm wants its first operand row-major and
+  its second column-major, so the weight gradient's operands are transposed copies of the forward's and the
+  backward's casts (a one-byte read and write each);
+- a scale per row (rowwise): a row's maximum and its cast in one pass (a + 1) for the operands scaled along their
+  rows; the weight gradient's are scaled along the tokens (columns), a reduction over every row first: 2a + 1, written
+  transposed;
+- a scale per block of 32 (MX, OCP microscaling) or 16 (NVFP4) along the reduction dim: each block's maximum and
+  cast in one pass, along rows or, for the weight gradient, columns (torchao's dim-1 cast kernel writes the transposed
+  layout itself): a + 1 (a + 0.5 for 4-bit elements) plus a scale byte per block; NVFP4 adds one per-tensor amax
+  (its second-level scale), a read.
+
+Which operands are cast once: a block's projections share their input (wq, wk, wv; w1, w3), which compiled code
+casts once (the three identical casts are one expression to inductor) and torchao's Float8 tensor-parallel styles
+cast once before gathering it; eager code casts it per linear. Recomputation (op or block policy) casts the forward's
+inputs again: the casts are not in the per-op policy's save list, so backward rebuilds them.
+"""
+
+from __future__ import annotations
+
+from workbench.estimate.options import Dtypes
+from workbench.estimate.stage import Stage
+
+SCALE_BLOCK = {"mx": 32, "nvfp4": 16}
+"""Elements per scale along the reduction dim: OCP MX formats' 32; NVFP4's 16 (an fp8 e4m3 scale each)."""
+
+
+def gemm_precision(dt: Dtypes, base: str, nvfp4: bool = False) -> tuple[str, float]:
+    """The peak key and the operand bytes of a block's linear GEMMs: NVFP4, the 8-bit recipe's, or `base`."""
+    if nvfp4:
+        return "nvfp4", 0.5
+    if dt.float8:
+        return ("mxfp8" if dt.recipe == "mx" else "fp8"), 1
+    return base, dt.compute
+
+
+def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
+    """Bytes one cast of one bf16 element reads and writes under `recipe`, scaled along its rows (False) or along
+    the tokens, for the weight gradient (True)."""
+    if recipe == "tensorwise":
+        return 2 * a + 1
+    if recipe == "rowwise":
+        return 2 * a + 1 if along_tokens else a + 1
+    if recipe == "mx":
+        return a + 1 + 1 / SCALE_BLOCK["mx"]
+    if recipe == "nvfp4":
+        return a + a + 0.5 + 1 / SCALE_BLOCK["nvfp4"]
+    raise ValueError(f"no cast model for recipe {recipe!r}")
+
+
+def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
+               linears: list[tuple[int, int, int]] | None = None) -> tuple[float, float]:
+    """Bytes per token one block's casts move, (forward, backward), on this rank; a recomputed block's
+    recomputation costs its forward again. `recipe`: dt.recipe, or "nvfp4". `linears`: a traced block's (count,
+    fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's seven."""
+    tp, a = st.cfg.tp, dt.compute
+    if linears is not None:
+        inputs = sum(n * fan_in for n, fan_in, _ in linears)
+        outputs = sum(n * fan_out for n, _, fan_out in linears)
+    else:
+        m = st.cfg.model
+        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
+        # Inputs (fan-in, per token on this rank) of the seven linears, the shared ones once or per linear;
+        # outputs (fan-out) whose gradients are cast in backward.
+        shared = dt.fused or (tp > 1 and recipe == "tensorwise")
+        gathered = d / tp if tp > 1 and recipe == "tensorwise" else d  # cast before or after the sequence gather
+        inputs = (2 * gathered if shared else 5 * gathered) + q / tp + f / tp
+        outputs = (q + 2 * kv + 2 * f) / tp + 2 * (d / tp if tp > 1 and recipe == "tensorwise" else d)
+    forward = inputs * _pass_bytes(recipe, a, False)
+    backward = outputs * _pass_bytes(recipe, a, False)
+    if recipe == "tensorwise":
+        backward += 2 * (inputs + outputs)  # the weight gradient's transposed copies of both casts
+    else:
+        backward += (inputs + outputs) * _pass_bytes(recipe, a, True)  # both operands cast again along the tokens
+    return forward, backward
