@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -10,6 +12,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No warm standby for the pools tests make (each would prepare a second set of ranks on 2 busy cores); the tests
 # of restart and recovery, and the shared 2-rank pool that tests break and restart, ask for one.
 os.environ.setdefault("WORKBENCH_STANDBY", "0")
+# A runtime folder of the test run's own (workbench/pool/runtime_dir.py): its ranks never read the user's machine
+# facts. Removed at the end of the run.
+_RUNTIME = tempfile.mkdtemp(prefix="workbench-tests-")
+os.environ["WORKBENCH_RUNTIME_DIR"] = _RUNTIME
 
 
 def _cuda_available() -> bool:
@@ -78,3 +84,7 @@ def pool(_session_pool):
 def pool4(_session_pool4):
     """Four CPU ranks (dp×tp, dp×pp layouts), shared by the whole session, healthy at the start of every test."""
     return _healthy(_session_pool4)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_RUNTIME, ignore_errors=True)

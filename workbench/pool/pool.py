@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -18,7 +19,7 @@ import sys
 import weakref
 from typing import Any, Callable, Literal
 
-from workbench.pool import launch, private_dir, protocol, zygote
+from workbench.pool import launch, private_dir, protocol, runtime_dir, zygote
 from workbench.pool.commands import Command, Handle
 from workbench.pool.errors import PoolError
 from workbench.pool.health import HEARTBEAT_S, Explain, Limits
@@ -27,6 +28,8 @@ from workbench.pool.private_dir import DRIVER_PID
 from workbench.pool.rank import MACHINE_FACTS
 from workbench.pool.transport import Transport
 from workbench.pool.world import PREPARE_KEYS
+
+log = logging.getLogger("workbench.pool")
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -110,10 +113,9 @@ class Pool:
                                     explain)
         # Local ranks get what to prepare and the environment at spawn (torch reads it when imported), so a
         # standby can prepare before its session exists. Loopback only: gloo and NCCL never listen elsewhere.
-        # What the ranks measure about the machine is kept for the pool's later ranks (rank.machine_fact).
-        facts = os.path.join(self._private_dir, "machine")
-        os.mkdir(facts, 0o700)
-        rank_env, prepare = _local_rank_setup(self._settings_base, threads, env, facts, self._private_dir)
+        # What the ranks measure about the machine is kept for every later rank of the user (rank.machine_fact).
+        self._facts = _facts_folder(self._private_dir)
+        rank_env, prepare = _local_rank_setup(self._settings_base, threads, env, self._facts, self._private_dir)
         # CPU ranks fork from a zygote that holds what they import (shared by this process's pools): a restart,
         # the standby and the next pool start in a tenth of a second instead of a cold start.
         self._zygote = zygote.acquire(rank_env, prepare) if not external and zygote.usable(device) else None
@@ -314,6 +316,17 @@ def start_phases(ranks: LocalRanks, states: dict) -> dict[str, float]:
         for name, t0, t1 in points:
             phases.setdefault(name, []).append(max(0.0, t1 - t0))
     return {name: max(values) for name, values in phases.items()}
+
+
+def _facts_folder(private: str) -> str:
+    """The user's folder of machine facts (`runtime_dir`), or this pool's own where that one is unusable."""
+    try:
+        return str(runtime_dir.ensure("machine"))
+    except (OSError, runtime_dir.RuntimeDirError) as e:
+        log.warning("workbench pool: machine facts kept for this pool only (%s)", e)
+        facts = os.path.join(private, "machine")
+        os.mkdir(facts, 0o700)
+        return facts
 
 
 def _local_rank_setup(settings: dict[str, Any], threads: int, env: dict[str, str] | None, facts: str,
