@@ -44,8 +44,9 @@ RECORDING_BACKEND = "workbench.telemetry.comm:register"
 
 def prepare_ahead() -> bool:
     """Start preparing a Workbench's local ranks now (its default pool: telemetry on), so that a Workbench made in a
-    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs). `import
-    workbench` does this in a notebook kernel; $WORKBENCH_ZYGOTE=0 turns it off."""
+    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs): the user's
+    standby, taken over from an earlier kernel when one runs. `import workbench` does this in a notebook kernel;
+    $WORKBENCH_ZYGOTE=0 turns it off ($WORKBENCH_STANDBY=0 keeps it to this kernel)."""
     from workbench.pool.pool import prepare_ahead as prepare_pool
 
     return prepare_pool(preload=(SESSION_MODULE,), backend_setup=RECORDING_BACKEND)
@@ -96,6 +97,9 @@ class Workbench:
     backend, memory by category, MFU; a dense layout's activations on sampled steps, each step saying which one
     measured them: StepMetrics.activations_step); False runs plain gloo/NCCL and reports losses and times only.
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
+    standby: CPU ranks are forked by the user's standby, a prepared process that outlives this kernel, so that the
+    next kernel's first Workbench starts at once too (workbench/pool/user_standby.py; `pool.ranks_from` says where
+    they came from); False keeps them to a process of this kernel's own, which ends with it.
     pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
     ranks (a `RankSession` over `pool` when None).
     cluster: the cluster this Workbench stands for (`wb.Cluster(...)` or a preset name such as "h100-ib"):

@@ -9,6 +9,9 @@ it to prepare (about what spawning would take), every later one (a restart, the 
 forks. It stays `LINGER_S` after its last pool closes, for the Workbench a next cell may make, then ends; it
 ends with the notebook in any case (its end of the socket closes).
 
+By default the zygote is the user's standby instead (`workbench.pool.user_standby`): the same process, but one
+that outlives the kernel, so that the next kernel (a restart, another notebook) forks at once too.
+
 CPU pools only: a process that has touched CUDA cannot fork a rank that uses it. `$WORKBENCH_ZYGOTE=0` spawns
 every rank as before.
 """
@@ -45,20 +48,39 @@ class ZygoteError(RuntimeError):
     """The zygote could not fork a rank (it failed to prepare, or died): the pool spawns ranks instead."""
 
 
-class Zygote:
-    """One zygote process and what it says: prepared, each fork's pid, each child's exit code."""
+class PrivateChannel:
+    """The socket pair to a zygote this process started: JSON both ways, and no one else can reach it."""
 
-    def __init__(self, env: dict[str, str], prepare: dict) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # One OpenMP thread until a rank sets its own (torch starts a pool thread at import without the variable).
-        env = {**env, "OMP_NUM_THREADS": "1", "WORKBENCH_PREPARE": json.dumps({**prepare, "threads": 1})}
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def handshake(self) -> dict:
+        return {}  # nothing to prove: the zygote says "prepared" itself
+
+    def send(self, message: dict, fds: list[int] | None = None) -> None:
+        socket.send_fds(self.sock, [json.dumps(message).encode()], fds or [])
+
+    def recv(self) -> dict | None:
+        data = self.sock.recv(1 << 16)
+        return json.loads(data) if data else None
+
+    def close(self) -> None:
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "workbench.pool.zygote_process", str(theirs.fileno())],
-                                         env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            theirs.close()
-        self.sock = ours
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class Zygote:
+    """A prepared process that forks ranks, and what it says: prepared, each fork's pid, each child's exit code.
+
+    Either this process's own (`start_private`: it ends with this process) or the user's standby
+    (`workbench.pool.user_standby`: it outlives it); `channel` is the way to it.
+    """
+
+    def __init__(self, channel, pid: int, origin: str, proc: subprocess.Popen | None = None) -> None:
+        self.channel, self.pid, self.origin, self.proc = channel, pid, origin, proc
         self.users = 0
         self.last_used = time.monotonic()
         self.failed: str | None = None
@@ -71,6 +93,19 @@ class Zygote:
         self._exits: dict[int, int] = {}
         threading.Thread(target=self._read, name="workbench-zygote", daemon=True).start()
 
+    @classmethod
+    def start_private(cls, env: dict[str, str], prepare: dict) -> "Zygote":
+        """A zygote of this process's own, ending with it (its end of the socket pair closes)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "workbench.pool.zygote_process", str(theirs.fileno())],
+                                    env=zygote_environment(env, prepare), pass_fds=(theirs.fileno(),),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+        finally:
+            theirs.close()
+        return cls(PrivateChannel(ours), proc.pid, "this process's zygote", proc)
+
     @property
     def prepared(self) -> bool:
         """Done preparing: a fork now takes about a tenth of a second."""
@@ -82,14 +117,21 @@ class Zygote:
 
     def fork(self, args: list[str], env: dict[str, str], timeout_s: float) -> "ForkedRank":
         """A rank running `python -m workbench.pool.worker *args` in `env`, forked once the zygote is prepared."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not self._prepared and self.alive and time.monotonic() < deadline:
+                self._changed.wait(max(0.0, deadline - time.monotonic()))
+        if not self.prepared:
+            raise ZygoteError(self.failed or ("the zygote ended" if self._gone else
+                                              f"not prepared within {timeout_s:.0f} s"))
         pipes = [os.pipe() for _ in range(3)]
         stdin, stdout, stderr = pipes
         theirs = [stdin[0], stdout[1], stderr[1]]
         request = next(self._ids)
         try:
             with self._send_lock:
-                message = {"id": request, "args": args, "env": env, "cwd": os.getcwd()}
-                socket.send_fds(self.sock, [json.dumps(message).encode()], theirs)
+                self.channel.send({"type": "fork", "id": request, "args": args, "env": env, "cwd": os.getcwd()},
+                                  theirs)
         except OSError as e:
             for r, w in pipes:
                 os.close(r)
@@ -97,7 +139,6 @@ class Zygote:
             raise ZygoteError(f"the zygote is gone ({e})") from None
         for fd in theirs:
             os.close(fd)
-        deadline = time.monotonic() + timeout_s
         with self._changed:
             while request not in self._pids and self.alive and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, deadline - time.monotonic()))
@@ -130,13 +171,12 @@ class Zygote:
             self._exits.pop(pid, None)
 
     def close(self) -> None:
-        """End the zygote (its ranks, if any, see their parent change and end too)."""
+        """Let go of the zygote: this process's own ends (its ranks, if any, see their parent change and end too);
+        the user's standby goes on, for the next kernel."""
         self._gone = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.channel.close()
+        if self.proc is None:
+            return
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -144,29 +184,41 @@ class Zygote:
             self.proc.wait(5)
 
     def _read(self) -> None:
+        try:
+            said = self.channel.handshake()
+        except Exception as e:  # noqa: BLE001 - said as the reason the pool spawns instead
+            said = {"failed": str(e) or type(e).__name__}
         while True:
-            try:
-                data = self.sock.recv(1 << 16)
-            except OSError:
-                data = b""
             with self._changed:
-                if not data:
+                if "failed" in said:
+                    self.failed = f"{self.origin} could not prepare:\n" + said["failed"]
+                    log.warning("workbench pool: %s; spawning ranks instead", self.failed)
+                elif "prepared" in said:
+                    self._prepared = True
+                elif "pid" in said:
+                    self._pids[said["id"]] = said["pid"]
+                elif "error" in said:
+                    self._pids[said["id"]] = said["error"]
+                elif "exit" in said:
+                    self._exits[said["exit"]] = said["code"]
+                self._changed.notify_all()
+                if "failed" in said:
+                    return
+            try:
+                said = self.channel.recv()
+            except OSError:
+                said = None
+            if said is None:
+                with self._changed:
                     self._gone = True
                     self._changed.notify_all()
-                    return
-                message = json.loads(data)
-                if "prepared" in message:
-                    self._prepared = True
-                elif "failed" in message:
-                    self.failed = "the zygote could not prepare:\n" + message["failed"]
-                    log.warning("workbench pool: %s; spawning ranks instead", self.failed)
-                elif "pid" in message:
-                    self._pids[message["id"]] = message["pid"]
-                elif "error" in message:
-                    self._pids[message["id"]] = message["error"]
-                elif "exit" in message:
-                    self._exits[message["exit"]] = message["code"]
-                self._changed.notify_all()
+                return
+
+
+def zygote_environment(env: dict[str, str], prepare: dict) -> dict[str, str]:
+    """A zygote's own environment: the ranks' shared one, one OpenMP thread until a rank sets its own (torch starts
+    a pool thread at import without the variable), and what to prepare."""
+    return {**env, "OMP_NUM_THREADS": "1", "WORKBENCH_PREPARE": json.dumps({**prepare, "threads": 1})}
 
 
 class ForkedRank:
@@ -218,10 +270,12 @@ def usable(device: str) -> bool:
     return device == "cpu" or (device == "auto" and not any(Path("/dev").glob("nvidia[0-9]*")))
 
 
-def acquire(env: dict[str, str], prepare: dict) -> Zygote:
-    """The zygote for ranks with this environment and preparation (started if there is none); `release` it."""
+def acquire(env: dict[str, str], prepare: dict, standby: bool = False) -> Zygote:
+    """The zygote for ranks with this environment and preparation; `release` it. `standby`: the user's standby
+    (`workbench.pool.user_standby`: taken over from an earlier kernel, or started to outlive this one), else, or
+    where the standby cannot be reached, one of this process's own (started if there is none)."""
     shared = {k: v for k, v in env.items() if k not in PER_POOL}
-    key = _key(shared, prepare)
+    key = _key(shared, prepare, standby)
     with _lock:
         timer = _lingering.pop(key, None)
         if timer is not None:
@@ -231,9 +285,19 @@ def acquire(env: dict[str, str], prepare: dict) -> Zygote:
             if zygote is not None:
                 zygote.close()
             _evict_idle(keep=MAX_ZYGOTES - 1)
-            zygote = _zygotes[key] = Zygote(shared, prepare)
+            zygote = _zygotes[key] = _start(shared, prepare, standby)
         zygote.users += 1
         return zygote
+
+
+def _start(shared: dict[str, str], prepare: dict, standby: bool) -> Zygote:
+    if standby:
+        from workbench.pool import user_standby
+
+        zygote = user_standby.connect(shared, prepare)
+        if zygote is not None:
+            return zygote
+    return Zygote.start_private(shared, prepare)
 
 
 def release(zygote: Zygote) -> None:
@@ -282,8 +346,8 @@ def _evict_idle(keep: int) -> None:
         _zygotes.pop(key).close()
 
 
-def _key(shared: dict[str, str], prepare: dict) -> str:
-    return json.dumps([shared, {k: v for k, v in prepare.items() if k not in ("private_dir", "threads")}],
+def _key(shared: dict[str, str], prepare: dict, standby: bool) -> str:
+    return json.dumps([shared, {k: v for k, v in prepare.items() if k not in ("private_dir", "threads")}, standby],
                       sort_keys=True)
 
 
