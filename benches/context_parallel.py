@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import workbench as wb  # noqa: E402
-from workbench.telemetry.native import union_length  # noqa: E402
+from workbench.telemetry.analysis import covered_ns  # noqa: E402
 
 BASE = wb.Config(batch_size=4, seq_len=1024)
 LAYOUTS = {"dp2": dict(dp=2), "tp2": dict(tp=2), "cp2": dict(cp=2)}
@@ -42,7 +42,7 @@ def measure(bench: wb.Workbench, cfg: wb.Config) -> dict[str, list[float]]:
             # The rank's thread blocked on a send or recv: without a pipeline, only the ring's.
             waits = [iv for iv in m.intervals if iv.kind == "wait" and iv.name in ("SEND", "RECV")]
             for key, spans in (("ring_share", ring), ("ring_waits", waits)):
-                out[key].append(union_length([(iv.start_ns, iv.end_ns) for iv in spans]) * 1e-9 / m.step_time_s)
+                out[key].append(covered_ns([(iv.start_ns, iv.end_ns) for iv in spans]) * 1e-9 / m.step_time_s)
             out["ring_bytes"].append(sum(iv.bytes for iv in ring if iv.name == "send"))
     return out
 

@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import workbench as wb  # noqa: E402
-from workbench.telemetry.native import union_length  # noqa: E402
+from workbench.telemetry.analysis import covered_ns  # noqa: E402
 
 MOE = wb.Config(model=wb.ModelConfig.preset("tiny-moe"), dp=2, batch_size=16, seq_len=128)
 STEPS = 15
@@ -41,7 +41,7 @@ def measure(bench: wb.Workbench, cfg: wb.Config) -> tuple[list[float], list[floa
           f"{statistics.mean(dropped):.1%}")
     for m in metrics:
         a2a = [(iv.start_ns, iv.end_ns) for iv in m.intervals if iv.kind == "comm" and iv.name == "all_to_all"]
-        shares.append(union_length(a2a) * 1e-9 / m.step_time_s)
+        shares.append(covered_ns(a2a) * 1e-9 / m.step_time_s)
         volumes.append(sum(iv.bytes for iv in m.intervals if iv.name == "all_to_all" and iv.kind == "comm"))
     return times, shares, volumes
 

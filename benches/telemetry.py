@@ -197,7 +197,7 @@ def probe_costs() -> list[tuple[str, int, float]]:
     from workbench.engine.model import loss_fn
     from workbench.engine.session import current
     from workbench.pool import rank
-    from workbench.telemetry import activations, probes
+    from workbench.telemetry import activations, analysis, probes
 
     session = current()
     trainer = session.trainer
@@ -271,7 +271,7 @@ def probe_costs() -> list[tuple[str, int, float]]:
     rows.append(("  memory.gradient_bytes (gradients dropped)", 1, per_call(probe.memory.gradient_bytes)))
     rows.append(("  memory.optimizer_bytes", 1, per_call(probe.memory.optimizer_bytes)))
     rows.append(("  process_bytes", 2, per_call(lambda: probes.process_bytes(trainer.device))))
-    rows.append(("  step_summary", 1, per_call(lambda: probe.native.step_summary(spans))))
+    rows.append(("  step_summary", 1, per_call(lambda: analysis.step_summary(spans))))
     probe.begin_step()  # leave the probe as a step expects it
     return rows
 

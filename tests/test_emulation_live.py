@@ -91,7 +91,7 @@ def _ratio(m: wb.StepMetrics, gpu_time: float) -> float:
     """This step's compute (spans less waits, by the reference sweep) over the GPU's time for its FLOPs."""
     compute = [(iv.start_ns, iv.end_ns) for iv in m.intervals if iv.kind == "compute"]
     waits = [(iv.start_ns, iv.end_ns) for iv in m.intervals if iv.kind == "wait"]
-    busy = reference.union_length(compute) - reference.union_length(reference.intersection(compute, waits))
+    busy = reference.covered_ns(compute) - reference.covered_ns(reference.intersection(compute, waits))
     return busy * 1e-9 / gpu_time
 
 

@@ -1,7 +1,7 @@
 """torchtitan.sh against torchtitan itself: its own ConfigManager (tyro) parses the exported arguments, so a key
 torchtitan does not have, or a value it refuses, fails here.
 
-torchtitan is a test-only extra (`pip install -e ".[torchtitan]"`, see the README): its wheel pulls datasets,
+torchtitan is a test-only extra (`pip install -e ".[torchtitan]"`, see docs/large-run.md): its wheel pulls datasets,
 tensorboard, wandb and torchdata, and the llama3 config registry imports triton (torchtitan's async
 expert-parallel kernels), a gigabyte on disk. Where either is missing these tests are skipped, saying so; the
 arguments themselves are still checked without torchtitan in tests/test_export.py.

@@ -119,7 +119,7 @@ def test_torchtitan_memory(run):
 
 
 # Before the power model (issue 18's last gap) these were +35.9%, +35.8%, +15.2%, +14.9%: the model priced these
-# 500 W H100s as 700 W parts with a lower peak. Now: +8.5%, +5.0%, -6.0%, -2.5% (README, estimator section).
+# 500 W H100s as 700 W parts with a lower peak. Now: +8.5%, +5.0%, -6.0%, -2.5% (docs/estimator.md).
 @pytest.mark.parametrize("run", TORCHTITAN, ids=lambda r: r.name)
 def test_torchtitan_throughput(run):
     est = wb.estimate(run.cfg, run.hardware, features=run.features)
@@ -145,7 +145,7 @@ def test_torchtitan_flops_per_token():
 
 @pytest.mark.parametrize("run", HELD_OUT, ids=lambda r: r.name)
 def test_held_out_runs(run):
-    # Reported as they came (README), not fitted; bounded loosely here so a regression shows. With the power model:
+    # Reported as they came (docs/estimator.md), not fitted; bounded loosely here so a regression shows. With the power model:
     # -10% to +16% on throughput (the 500 W H100 runs -10% to +12%), -5% to +19% on memory.
     est = wb.estimate(run.cfg, run.hardware, features=run.features)
     tps = est.tokens_per_s / run.cfg.world_size

@@ -8,9 +8,10 @@
 
 from workbench.config import Config, ConfigError, ModelConfig
 from workbench.emulation import Cluster
-from workbench.estimate import Estimate, estimate
+from workbench.estimate import Estimate
 from workbench.hardware import Hardware
-from workbench.plan import Plan, plan
+from workbench.plan import Plan
+from workbench.tracing.estimate import estimate, plan
 from workbench.pool import CollectiveTimeout, Handle, Pool, PoolBroken, PoolError, RankFrozen, RemoteError, WorkerDied
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.runs import LayoutChange

@@ -2,7 +2,7 @@
 
 Pure (no torch, no numpy), so the notebook side can refuse a missing, empty or
 binary corpus when a Workbench is made or a layout applied, before any rank
-is touched; engine/data.py builds its shard from the same `Corpus.files()`.
+is touched; shards.py builds its shard from the same `Corpus.files()`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.config import ConfigError
+from workbench.config.refusals import refuse
+from workbench.documents import DocumentError, documents, kind
 
 _SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
@@ -76,8 +78,9 @@ class Corpus:
 
 def check_corpus(corpus: str | Path | None) -> None:
     """Refuse a corpus that cannot train: a path that does not exist, no files, or no text (every file empty or
-    binary). Reads files in order only until the first one with text, so a real corpus costs one file; None (the
-    standard library) is always there."""
+    binary), or records whose text is not where it is read (a JSONL record or Parquet row without a "text" field,
+    Parquet without pyarrow). Reads files in order only until the first one with text, so a real corpus costs one
+    file (one record); None (the standard library) is always there."""
     if corpus is None:
         return
     if not isinstance(corpus, (str, os.PathLike)):
@@ -94,6 +97,16 @@ def check_corpus(corpus: str | Path | None) -> None:
                           "Fix: point it at a folder holding text.")
     binary = 0
     for path in files:
+        if kind(path) != "text":  # records: the first one must have its text where the reader looks
+            try:
+                first = next(documents(path), None)
+            except DocumentError as e:
+                raise refuse("corpus", e.problem, e.fix) from None
+            except (OSError, UnicodeDecodeError):
+                continue
+            if first is not None:
+                return
+            continue
         try:
             data = path.read_bytes()
         except OSError:

@@ -42,7 +42,7 @@ def _extension() -> str:
 
 
 def _data() -> str:
-    data = importlib.import_module("workbench.engine.data")
+    data = importlib.import_module("workbench.shards")
     return data.prepare_default_corpus()
 
 

@@ -59,7 +59,8 @@ def train_arguments(launch: Launch, config: str = "config.json") -> list[str]:
     """The arguments of `python -m workbench.train` for this launch, paths relative to the export directory."""
     return ["-m", "workbench.train", config, "--steps", str(launch.steps), "--save-every", str(launch.save_every),
             "--save-to", "ckpt", "--metrics", "metrics.jsonl", "--device", launch.device,
-            *(["--async-save"] if launch.async_save else [])]
+            *(["--async-save"] if launch.async_save else []),
+            *(["--corpus", launch.corpus] if launch.corpus is not None else [])]
 
 
 def torchrun_command(launch: Launch, *, node_rank: str = "$NODE_RANK", master_addr: str = "$MASTER_ADDR",

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 
 from workbench.config import FP8, PRESETS, Config
+from workbench.config.tokenizer import tokenizer_path
 from workbench.launch import Launch
 from workbench.schedules import config_stages
 
@@ -41,8 +42,12 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
         missing.append(f"model shape {preset or 'custom'} ({cfg.model.num_params:,} parameters, vocab "
                        f"{cfg.model.vocab_size}): torchtitan's llama3 flavors are fixed shapes with a trained "
                        "tokenizer; flavor 8B is written, edit it or add a flavor")
-    if cfg.model.vocab_size == 256:
-        missing.append("byte-level tokens and the workbench's corpus: torchtitan reads a tokenizer and a dataset")
+    if cfg.tokenizer is None:
+        missing.append("byte-level tokens and the workbench's corpus: torchtitan reads a tokenizer (--hf_assets_path, "
+                       "a folder holding tokenizer.json) and a dataset")
+    else:
+        missing.append(f"the workbench's corpus: torchtitan reads a dataset by name (--training.dataset, "
+                       f"--training.dataset_path); the tokenizer is written as its folder, {tokenizer_folder(cfg)}")
     if cfg.model.n_experts:
         missing.append(f"a mixture of experts ({cfg.model.n_experts} experts, ep={cfg.ep}): torchtitan's llama3 is "
                        "dense; its MoE models (deepseek_v3, llama4, qwen3) are other modules with their own shapes, "
@@ -89,6 +94,11 @@ def _titan_layout(cfg: Config) -> _TitanLayout:
     return _TitanLayout(flavor or "8B", local_batch, replicate, shard, reshard, titan_precision, tuple(missing))
 
 
+def tokenizer_folder(cfg: Config) -> str:
+    """The folder holding the Config's tokenizer.json: what torchtitan's hf_assets_path names."""
+    return str(tokenizer_path(cfg.tokenizer).parent)
+
+
 def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[str, ...]]:
     """The arguments of `python -m torchtitan.train` (torchtitan 0.3) nearest to `cfg`, and what they cannot express.
 
@@ -133,6 +143,8 @@ def torchtitan_arguments(cfg: Config, launch: Launch) -> tuple[list[str], tuple[
                        "function (a Float8LinearConverter in its model_spec, rowwise recipes only), not by a "
                        "command-line override: add such a function for this flavor (torchtitan.toml has [float8])")
     args = ["--module", "llama3", "--config", _TITAN_REGISTRY[t.flavor]]
+    if cfg.tokenizer is not None:  # torchtitan's HF tokenizer reads tokenizer.json (and its config) from a folder
+        args += ["--hf_assets_path", tokenizer_folder(cfg)]
     for key, value in layout.items():
         if value is True:
             args.append(f"--{key}")  # tyro's boolean flags take no value
@@ -220,6 +232,7 @@ def torchtitan_toml(cfg: Config, launch: Launch) -> tuple[str, tuple[str, ...]]:
         "[model]",
         'name = "llama3"',
         f'flavor = "{flavor}"',
+        *([f'hf_assets_path = "{tokenizer_folder(cfg)}"'] if cfg.tokenizer is not None else []),
         *(['converters = ["float8"]'] if float8_lines else []),
         "",
         *float8_lines,

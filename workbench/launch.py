@@ -4,6 +4,7 @@ every exported launch file (torchrun, Slurm, accelerate, torchtitan) is written 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from workbench.config import Config
@@ -30,6 +31,9 @@ class Launch:
     """Write those checkpoints in the background while training goes on (torchtitan's checkpoint.async_mode)."""
     port: int = 29500
     """Rendezvous port on the first node."""
+    corpus: str | None = None
+    """The folder or file of text the run trains on (`Workbench(corpus=...)`, as an absolute path); None: the
+    Python standard library's source."""
 
     def __post_init__(self) -> None:
         for name in ("nnodes", "nproc_per_node", "steps", "save_every", "port"):
@@ -40,6 +44,8 @@ class Launch:
             raise ValueError(f"async_save: must be True or False, got {self.async_save!r}")
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"device: {self.device!r} is not 'cuda' or 'cpu'")
+        if self.corpus is not None:  # the launch runs elsewhere, from the export's folder: never a relative path
+            object.__setattr__(self, "corpus", str(Path(self.corpus).expanduser().resolve()))
 
     @property
     def world_size(self) -> int:

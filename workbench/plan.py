@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable
 from workbench.config import FP8, Config, ConfigError, ModelConfig, divisors
 from workbench.estimate import Estimate, estimate
 from workbench.estimate.options import NO_FEATURES, Features
+from workbench.estimate.stage import traced_precision
 from workbench.hardware import Hardware, profile, si
+from workbench.model_profile import ModelProfile
 from workbench.schedules import MULTI_STAGE, SPLIT_BACKWARD, virtual_stages
 
 
@@ -215,7 +217,8 @@ class Plan:
 def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int = 8, global_batch: int = 64, *,
          seq_len: int = 2048, precision: str = "bf16", efficiency: float | None = None, max_micro_batches: int = 32,
          gpus_per_node: int = 8, min_cp_tokens: int = 2048, base: Config | None = None,
-         features: Features = NO_FEATURES) -> Plan:
+         features: Features = NO_FEATURES,
+         traced: ModelProfile | Callable[[str], ModelProfile] | None = None) -> Plan:
     """Rank every valid layout of `model` on `gpus` devices by predicted step time, with memory fit per rank.
 
     global_batch: sequences per optimizer step (Config.batch_size); seq_len, precision: fixed for every layout.
@@ -224,6 +227,9 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
     every rank keeps at least this many tokens of a sequence.
     base: other Config fields (lr, seed, stages_per_rank, ...) every candidate keeps.
     features: published-run settings the engine lacks, modelled for every layout (`wb.estimate`'s).
+    traced: the model as traced at seq_len (`workbench.tracing`), read by every candidate's estimate: one profile,
+    or a function from a traced precision (`estimate.stage.traced_precision`: candidates under FSDP2's mixed
+    precision need their own) to the profile.
     A layout is refused only when it is invalid (Config's own refusal) or does not fit by the estimate's
     device total (the caching allocator's reserve at the step's peak, the CUDA context and NCCL).
     """
@@ -244,7 +250,8 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
         except ConfigError as e:
             refused.append(Candidate(choice, None, None, f"invalid: {e}"))
             continue
-        est = estimate(cfg, hw, efficiency=efficiency, features=features)
+        model_profile = traced(traced_precision(cfg)) if callable(traced) else traced
+        est = estimate(cfg, hw, efficiency=efficiency, features=features, traced=model_profile)
         if est.fits:
             ranked.append(Candidate(choice, cfg, est))
         else:

@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics", default="metrics.jsonl", help="JSONL file every rank appends its StepMetrics to")
     p.add_argument("--report", default=None, help="rank 0 writes the HTML report here at the end")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--corpus", default=None, help="folder of text (default: the Python standard library's source)")
+    p.add_argument("--corpus", default=None, help="folder or file of text, JSON Lines or Parquet (default: the Python "
+                   "standard library's source); config.json's tokenizer says how it is tokenised")
     p.add_argument("--telemetry", action="store_true",
                    help="measure every step as the notebook does (compiled recording backend, memory, timeline)")
     p.add_argument("--log-every", type=int, default=1, help="rank 0 prints every N steps")

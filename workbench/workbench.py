@@ -145,6 +145,8 @@ class Workbench:
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
         self.config: Config | None = None
+        self._prepared: tuple[str | Path | None, str | None] | None = None
+        """The corpus and tokenizer whose shard the notebook last made sure of (`_prepare_data`)."""
         self.store = TelemetryStore()
         """Every rank's metrics and the layout changes, for plots to subscribe to."""
         self._run: Run | None = None
@@ -189,6 +191,7 @@ class Workbench:
         self.check(cfg)
         check_corpus(self.corpus)  # the folder may have changed since the Workbench was made
         self._require_idle("apply a new layout")
+        self._prepare_data(cfg)
         phase = "resharding" if keeps_weights(self.config, cfg, fresh) else "building"
         with self._doing(phase):
             info = self.session.apply(cfg, self.corpus, self.telemetry, fresh)
@@ -198,10 +201,29 @@ class Workbench:
         self.config = cfg
         return info
 
+    def _prepare_data(self, cfg: Config) -> None:
+        """Tokenise the corpus into the data cache here, with a progress bar, before the ranks map it (they would
+        build it themselves, with nothing to show for the wait); what cannot be read is refused before any rank
+        is touched. Once per corpus and tokenizer: the ranks keep their data across layouts."""
+        from workbench.documents import DocumentError
+        from workbench.shards import prepare
+
+        if self._prepared == (self.corpus, cfg.tokenizer):
+            return
+        try:
+            prepare(self.corpus, tokenizer=cfg.tokenizer, progress=True)
+        except ConfigError:
+            raise
+        except DocumentError as e:
+            raise ConfigError(f"corpus: {e.problem}. Fix: {e.fix}.") from None
+        except ValueError as e:  # no text in it: the message says what to point it at
+            raise ConfigError(f"corpus: {e}.") from None
+        self._prepared = (self.corpus, cfg.tokenizer)
+
     def _predicted_memory(self, cfg: Config) -> dict[int, dict[str, int]]:
         """Each rank's memory as the estimator predicts it for `cfg` on these ranks' device, for the memory plot;
         {} where no hardware profile describes the device, or the estimator cannot price the layout there."""
-        from workbench.estimate import estimate
+        from workbench.tracing.estimate import estimate  # any model: traced where it is not the built-in one
         from workbench.estimate.compare import predicted_memory
         from workbench.hardware import cpu_with_peak, profile_for
 
@@ -350,13 +372,16 @@ class Workbench:
         run.sbatch (Slurm), accelerate.yaml and the nearest torchtitan run (torchtitan.sh for torchtitan 0.3,
         torchtitan.toml for older releases); returns `wb.export.Exported`.
 
-        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, async_save, port.
+        Keywords go to `Launch.for_config`: gpus_per_node (8), device ("cuda"), steps, save_every, async_save, port;
+        the launch trains on this Workbench's corpus (the Config carries the tokenizer).
         """
         from workbench.export import export
 
         cfg = config or self.config
         if cfg is None:
             raise RuntimeError("nothing to export: call bench.apply(wb.Config(...)) first, or pass config=")
+        if self.corpus is not None:
+            launch.setdefault("corpus", str(self.corpus))
         return export(cfg, directory, **launch)
 
     def emulate(self, cluster: Cluster | str | None) -> str:

@@ -8,36 +8,18 @@
 
 #include "clock.h"
 #include "completion.h"
-#include "emulation_bindings.h"
+#include "emulation.h"
+#include "emulation_model.h"
+#include "emulation_works.h"
 #include "flight_recorder.h"
-#include "intervals.h"
 #include "quantize.h"
 #include "recorder.h"
 #include "recording_backend.h"
 
 namespace py = pybind11;
+namespace emu = wbt::emulation;
 
 namespace {
-
-using PySpans = std::vector<std::pair<int64_t, int64_t>>;
-
-std::vector<wbt::Span> to_spans(const PySpans& in) {
-  std::vector<wbt::Span> out;
-  out.reserve(in.size());
-  for (const auto& [s, e] : in) {
-    out.push_back({s, e});
-  }
-  return out;
-}
-
-PySpans from_spans(const std::vector<wbt::Span>& in) {
-  PySpans out;
-  out.reserve(in.size());
-  for (const auto& s : in) {
-    out.emplace_back(s.start, s.end);
-  }
-  return out;
-}
 
 wbt::Kind parse_kind(const std::string& kind) {
   if (kind == "compute") {
@@ -82,6 +64,71 @@ c10::intrusive_ptr<c10d::Backend> optional_backend(const py::object& obj) {
   return obj.cast<c10::intrusive_ptr<c10d::Backend>>();
 }
 
+using PyLines = std::vector<std::pair<double, double>>;
+
+emu::Lines to_lines(const PyLines& in) {
+  emu::Lines out;
+  for (const auto& [latency, per_byte] : in) {
+    out.lines.push_back({latency, per_byte});
+  }
+  return out;
+}
+
+// The emulation (workbench.emulation.rank): a group's lines, the dilation, the CUDA pacer.
+void bind_emulation(py::module_& m) {
+  m.def(
+      "emulation_set_group",
+      [](const std::string& uid,
+         const std::unordered_map<std::string, PyLines>& target,
+         const std::vector<PyLines>& peers,
+         const std::unordered_map<std::string, PyLines>& real,
+         int me,
+         const std::string& arrivals,
+         size_t offset) {
+        auto model = std::make_shared<emu::GroupModel>();
+        const int n = static_cast<int>(peers.size());
+        model->me = me;
+        if (!arrivals.empty()) {
+          model->arrivals = std::make_shared<emu::Arrivals>(arrivals, offset, n, me);
+        }
+        for (const auto& [kind, lines] : target) {
+          model->target[kind] = to_lines(lines);
+        }
+        for (const auto& lines : peers) {
+          model->peers.push_back(to_lines(lines));
+        }
+        for (const auto& [kind, lines] : real) {
+          model->real[kind] = to_lines(lines);
+        }
+        emu::set_group(uid, std::move(model));
+      },
+      py::arg("uid"),
+      py::arg("target"),
+      py::arg("peers"),
+      py::arg("real"),
+      py::arg("me"),
+      py::arg("arrivals") = "",
+      py::arg("offset") = 0);
+  m.def("emulation_arrivals_bytes", [](int n) { return emu::Arrivals::bytes_for(n); }, py::arg("group_size"));
+  m.def("emulation_clear", &emu::clear_groups);
+  m.def("emulation_set_dilation", &emu::set_dilation, py::arg("dilation"));
+  m.def("emulation_dilation", &emu::dilation);
+  m.def("emulation_on", &wbt::emulation_on);
+  m.def("emulation_groups", &emu::group_uids);
+  // (collectives paced, of which the real transfer outlasted the emulated time)
+  m.def("emulation_counts", [] {
+    const auto [paced, overruns] = emu::counts();
+    return py::make_tuple(paced, overruns);
+  });
+  m.def(
+      "emulation_set_cuda_pacer",
+      [](uintptr_t stamp, uintptr_t hold) {
+        emu::set_cuda_pacer(reinterpret_cast<emu::CudaStartStamp>(stamp), reinterpret_cast<emu::CudaHold>(hold));
+      },
+      py::arg("stamp"),
+      py::arg("hold"));
+}
+
 } // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -104,16 +151,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("open_count", &wbt::Recorder::open_count)
       .def_property_readonly("dropped", &wbt::Recorder::dropped);
   m.def("recorder", [] { return wbt::global_recorder(); });
-
-  m.def("merge", [](const PySpans& s) { return from_spans(wbt::merge(to_spans(s))); });
-  m.def("union_length", [](const PySpans& s) { return wbt::union_length(to_spans(s)); });
-  m.def("intersection", [](const PySpans& a, const PySpans& b) {
-    return from_spans(wbt::intersection(to_spans(a), to_spans(b)));
-  });
-  m.def("step_overlap", [](const PySpans& compute, const PySpans& comm) {
-    const auto r = wbt::step_overlap(to_spans(compute), to_spans(comm));
-    return py::make_tuple(r.comm_ns, r.exposed_ns, r.overlapped_ns);
-  });
 
   m.def(
       "recording_backend",
@@ -143,6 +180,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("delay_cpu_stamps", &wbt::delay_cpu_stamps, py::arg("ns"));
 
   wbt::bind_quantize(m);
-  wbt::bind_emulation(m);
+  bind_emulation(m);
   wbt::bind_flight(m);
 }

@@ -1,14 +1,12 @@
 #include "completion.h"
 
-#include <ATen/core/ivalue.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "clock.h"
 #include "recorded_work.h"
+#include "torch_handles.h"
 
 namespace wbt {
 
@@ -18,18 +16,6 @@ std::atomic<CudaMarker> g_marker{nullptr};
 std::atomic<CudaMarkRelease> g_release{nullptr};
 std::atomic<uint64_t> g_unstamped{0};
 std::atomic<int64_t> g_stamp_delay_ns{0};
-
-uintptr_t current_stream(const at::Device& device) {
-  c10::impl::VirtualGuardImpl impl(device.type());
-  return reinterpret_cast<uintptr_t>(impl.getStream(device).native_handle());
-}
-
-void release_mark(int64_t mark) {
-  const CudaMarkRelease release = g_release.load();
-  if (release != nullptr && mark > 0) {
-    release(&mark, 1);
-  }
-}
 
 } // namespace
 
@@ -62,14 +48,8 @@ c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
   if (!work) {
     return work;
   }
-  c10::intrusive_ptr<c10::ivalue::Future> fut;
-  try {
-    fut = work->getFuture();
-  } catch (const c10::Error&) {
-    // No future (gloo's send/recv, and its reduce_scatter, which finishes
-    // inside wait()): stamp when wait returns instead.
-  }
-  if (!fut) {
+  const auto fut = future_of(work);
+  if (!fut) { // stamped when wait returns instead
     return c10::make_intrusive<RecordedWork>(
         std::move(work), nullptr, std::move(record), std::move(recorder));
   }
@@ -98,9 +78,8 @@ c10::intrusive_ptr<c10d::Work> stamp_cpu_completion(
 CudaStamp* cuda_begin(
     const at::Device& device,
     std::shared_ptr<Recorder> recorder) {
-  const CudaMarker mark = g_marker.load();
-  const int64_t id = mark == nullptr ? 0 : mark(device.index(), current_stream(device));
-  if (id <= 0) {
+  const int64_t id = cuda_mark_now(device);
+  if (id == 0) {
     ++g_unstamped;
     return nullptr;
   }
@@ -113,14 +92,10 @@ c10::intrusive_ptr<c10d::Work> cuda_end(
     Record record,
     const at::Device& device) {
   std::unique_ptr<CudaStamp> owned(stamp);
-  c10::intrusive_ptr<c10::ivalue::Future> fut;
-  try {
-    fut = work ? work->getFuture() : nullptr;
-  } catch (const c10::Error&) {
-  }
+  const auto fut = future_of(work);
   if (!fut) {
     ++g_unstamped;
-    release_mark(owned->start_mark);
+    cuda_release_mark(owned->start_mark);
     return work;
   }
   record.start_mark = owned->start_mark;
@@ -130,11 +105,10 @@ c10::intrusive_ptr<c10d::Work> cuda_end(
   fut->addCallback(
       [stamp = owned.release(), record = std::move(record), device](c10::ivalue::Future& f) mutable {
         std::unique_ptr<CudaStamp> s(stamp);
-        const CudaMarker mark = g_marker.load();
-        const int64_t end = (f.hasError() || mark == nullptr) ? 0 : mark(device.index(), current_stream(device));
-        if (end <= 0) {
+        const int64_t end = f.hasError() ? 0 : cuda_mark_now(device);
+        if (end == 0) {
           ++g_unstamped;
-          release_mark(s->start_mark);
+          cuda_release_mark(s->start_mark);
           return;
         }
         record.end_mark = end;
@@ -151,12 +125,15 @@ int64_t cuda_mark_now(const at::Device& device) {
 }
 
 void cuda_release_mark(int64_t mark) {
-  release_mark(mark);
+  const CudaMarkRelease release = g_release.load();
+  if (release != nullptr && mark > 0) {
+    release(&mark, 1);
+  }
 }
 
 void cuda_discard(CudaStamp* stamp) {
   std::unique_ptr<CudaStamp> owned(stamp);
-  release_mark(owned->start_mark);
+  cuda_release_mark(owned->start_mark);
 }
 
 } // namespace wbt

@@ -67,8 +67,8 @@ c10::intrusive_ptr<c10d::Work> cuda_end(
 // Frees `stamp` and its start mark (the issue failed).
 void cuda_discard(CudaStamp* stamp);
 
-// A mark on `device`'s current stream now, for the flight recorder; 0 without a marker
-// or when recording it failed. Release it with cuda_release_mark (0 is ignored).
+// A mark on `device`'s current stream now (a collective's start, its end, the flight recorder's end);
+// 0 without a marker or when recording it failed. Release it with cuda_release_mark (0 is ignored).
 int64_t cuda_mark_now(const at::Device& device);
 void cuda_release_mark(int64_t mark);
 

@@ -8,6 +8,7 @@
 #include "clock.h"
 #include "completion.h"
 #include "recorded_work.h"
+#include "torch_handles.h"
 
 namespace wbt {
 
@@ -128,13 +129,8 @@ c10::intrusive_ptr<c10d::Work> flight_watch(
   if (!work || ticket.id == 0) {
     return work;
   }
-  c10::intrusive_ptr<c10::ivalue::Future> fut;
-  try {
-    fut = work->getFuture();
-  } catch (const c10::Error&) {
-    // No future (gloo's send/recv and reduce_scatter): wait() says when it is done.
-  }
-  if (!fut) {
+  const auto fut = future_of(work);
+  if (!fut) { // wait() says when it is done
     return c10::make_intrusive<RecordedWork>(std::move(work), nullptr, std::nullopt, nullptr, ticket);
   }
   const bool cuda = device.is_cuda();

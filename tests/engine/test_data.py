@@ -109,18 +109,18 @@ def test_pickling_does_not_copy_the_corpus(stdlib_cache):
 def test_validation_split_is_disjoint_from_training_windows(corpus, tmp_path):
     data = TokenData(corpus, batch_size=4, seq_len=32, seed=0, cache_dir=tmp_path / "cache")
     total = data.shard.manifest.bytes
-    assert data.train_bytes == total - round(0.05 * total)
+    assert data.train_tokens == total - round(0.05 * total)
     ends = np.concatenate([data.offsets(step) for step in range(2_000)]) + 33
-    assert ends.max() <= data.train_bytes
+    assert ends.max() <= data.train_tokens
     starts = np.concatenate([data.offsets(step) for step in range(2_000)])
     assert starts.min() >= 0
     raw = np.fromfile(data.shard.path, dtype=np.uint8)
     for i in range(data.num_val_batches):
         batch = data.val_batch(i)
-        first = data.train_bytes + i * 4 * 32
+        first = data.train_tokens + i * 4 * 32
         for j, row in enumerate(batch):
             start = first + j * 32
-            assert start >= data.train_bytes and start + 33 <= total
+            assert start >= data.train_tokens and start + 33 <= total
             assert torch.equal(row, torch.from_numpy(raw[start:start + 33].astype(np.int64)))
         assert torch.equal(torch.cat([data.val_batch(i, r, 2) for r in range(2)]), batch)
     with pytest.raises(IndexError, match="out of range"):

@@ -1,12 +1,14 @@
-"""The pure-Python telemetry arithmetic against hand-computed values.
+"""The pure-Python telemetry arithmetic against hand-computed values and an independent reference.
 
-The interval cases check the plain-Python overlap reference (tests/telemetry/overlap_reference.py); the same
-cases run against the compiled extension in test_native.py.
+The interval cases run against the product (`workbench.telemetry.analysis`, the one implementation: ranks and
+the notebook both use it) and against the reference written another way (tests/telemetry/overlap_reference.py);
+random sets hold the two equal.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -45,43 +47,74 @@ OVERLAP_CASES = [
 ]
 
 
+IMPLS = [pytest.param(analysis, id="product"), pytest.param(reference, id="reference")]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("spans", "merged", "length"), UNION_CASES)
-def test_merge_and_union_length(spans, merged, length):
-    assert analysis.merge(spans) == merged
-    assert reference.union_length(spans) == length
+def test_merge_and_union_length(impl, spans, merged, length):
+    assert impl.merge(spans) == merged
+    assert impl.covered_ns(spans) == length
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("a", "b", "expected"), INTERSECTION_CASES)
-def test_intersection(a, b, expected):
-    assert reference.intersection(a, b) == expected
-    assert reference.intersection(b, a) == expected
+def test_intersection(impl, a, b, expected):
+    assert impl.intersection(a, b) == expected
+    assert impl.intersection(b, a) == expected
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("compute", "comm", "expected"), OVERLAP_CASES)
-def test_step_overlap_ns(compute, comm, expected):
-    assert reference.step_overlap_ns(compute, comm) == expected
+def test_step_overlap_ns(impl, compute, comm, expected):
+    assert impl.step_overlap_ns(compute, comm) == expected
 
 
-def test_inverted_span_is_refused():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_inverted_span_is_refused(impl):
     with pytest.raises(ValueError, match="ends before it starts"):
-        reference.union_length([(10, 5)])
+        impl.covered_ns([(10, 5)])
+    with pytest.raises(ValueError, match=r"\[10, 5\)"):
+        impl.merge([(0, 3), (10, 5)])
 
 
 def _iv(kind, start, end):
     return Interval(kind=kind, name="x", start_ns=start, end_ns=end)
 
 
-def test_step_summary_in_seconds_with_overlap_ratio():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_step_summary_in_seconds_with_overlap_ratio(impl):
     ivs = [_iv("compute", 0, 100), _iv("compute", 150, 200), _iv("comm", 80, 160), _iv("comm", 190, 250)]
-    comm_s, exposed_s, overlap = reference.step_summary(ivs)
+    comm_s, exposed_s, overlap = impl.step_summary(ivs)
     assert comm_s == pytest.approx(140e-9, rel=1e-12)
     assert exposed_s == pytest.approx(100e-9, rel=1e-12)
     assert overlap == 40 / 140
 
 
-def test_step_summary_without_communication_has_no_overlap():
-    assert reference.step_summary([_iv("compute", 0, 10)]) == (0.0, 0.0, None)
-    assert reference.step_summary([]) == (0.0, 0.0, None)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_step_summary_without_communication_has_no_overlap(impl):
+    assert impl.step_summary([_iv("compute", 0, 10)]) == (0.0, 0.0, None)
+    assert impl.step_summary([]) == (0.0, 0.0, None)
+
+
+def _random_spans(rng: random.Random) -> list[tuple[int, int]]:
+    out = []
+    for _ in range(rng.randint(0, 12)):
+        s = rng.randint(0, 10_000)
+        out.append((s, s + rng.randint(0, 2_000)))
+    return out
+
+
+def test_product_equals_reference_on_random_sets():
+    rng = random.Random(1234)
+    for _ in range(300):
+        a, b, waits = _random_spans(rng), _random_spans(rng), _random_spans(rng)
+        assert analysis.merge(a) == reference.merge(a)
+        assert analysis.covered_ns(a) == reference.covered_ns(a)
+        assert analysis.intersection(a, b) == reference.intersection(a, b)
+        assert analysis.step_overlap_ns(a, b) == reference.step_overlap_ns(a, b)
+        ivs = ([_iv("compute", *s) for s in a] + [_iv("comm", *s) for s in b] + [_iv("wait", *s) for s in waits])
+        assert analysis.step_summary(ivs) == reference.step_summary(ivs)
 
 
 @pytest.mark.parametrize(

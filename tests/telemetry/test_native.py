@@ -1,4 +1,4 @@
-"""The compiled telemetry extension: clock, recorder, interval arithmetic, recording backend.
+"""The compiled telemetry extension: clock, recorder, recording backend.
 
 The extension is built once into the persistent cache (``python -m
 workbench.telemetry.native --build``); the first test to need it builds it
@@ -9,83 +9,22 @@ and hands its measurements back; the tests below assert on them.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from pathlib import Path
 
 import pytest
 
-from tests.telemetry import overlap_reference as reference
 from workbench.telemetry import native
-
-# The hand-computed cases live with the Python reference; the compiled extension must
-# give exactly the same answers. Loaded by path so no package layout is assumed.
-_spec = importlib.util.spec_from_file_location("_wb_cases", Path(__file__).with_name("test_analysis.py"))
-cases = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cases)
-
-IMPLS = [pytest.param(native, id="cpp")]
 
 
 @pytest.fixture(scope="module")
 def ext():
     return native.load()
-
-
-# --- interval arithmetic ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(("spans", "merged", "length"), cases.UNION_CASES)
-def test_union(impl, spans, merged, length):
-    assert impl.merge(spans) == merged
-    assert impl.union_length(spans) == length
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(("a", "b", "expected"), cases.INTERSECTION_CASES)
-def test_intersection(impl, a, b, expected):
-    assert impl.intersection(a, b) == expected
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(("compute", "comm", "expected"), cases.OVERLAP_CASES)
-def test_step_overlap(impl, compute, comm, expected):
-    assert impl.step_overlap_ns(compute, comm) == expected
-
-
-def test_cpp_refuses_inverted_spans(ext):
-    with pytest.raises(ValueError, match="ends before it starts"):
-        native.union_length([(10, 5)])
-
-
-def test_cpp_equals_python_on_random_sets(ext):
-    rng = random.Random(1234)
-    for _ in range(300):
-        def spans():
-            out = []
-            for _ in range(rng.randint(0, 12)):
-                s = rng.randint(0, 10_000)
-                out.append((s, s + rng.randint(0, 2_000)))
-            return out
-
-        a, b = spans(), spans()
-        assert native.merge(a) == reference.merge(a)
-        assert native.intersection(a, b) == reference.intersection(a, b)
-        assert native.step_overlap_ns(a, b) == reference.step_overlap_ns(a, b)
-
-
-def test_step_summary_same_in_both(ext):
-    ivs = [cases._iv("compute", 0, 100), cases._iv("comm", 80, 160), cases._iv("comm", 190, 250)]
-    assert native.step_summary(ivs) == reference.step_summary(ivs)
-    assert native.step_summary([cases._iv("compute", 0, 5)]) == (0.0, 0.0, None)
 
 
 # --- clock and recorder ----------------------------------------------------------

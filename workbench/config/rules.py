@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from workbench.config.degrees import divisors
 from workbench.config.choices import FP8
 from workbench.config.refusals import refuse
+from workbench.config.tokenizer import tokenizer_info
 from workbench.schedules import MULTI_STAGE, V_SHAPED, config_stages, splits_backward
 
 if TYPE_CHECKING:
@@ -228,7 +229,23 @@ def replica_check_has_replicas(cfg: Config) -> None:
                      "set dp ≥ 2 or replica_check_every=0")
 
 
+def tokenizer_fits_the_model(cfg: Config) -> None:
+    """Every id the tokenizer produces must index the model's embedding: a larger vocabulary would fail at the
+    first batch that holds one of the ids beyond it."""
+    if cfg.tokenizer is None:
+        return
+    info = tokenizer_info(cfg.tokenizer)
+    vocab = cfg.model.vocab_size
+    if info.vocab_size > vocab:
+        padded = -(-info.vocab_size // 64) * 64
+        raise refuse("tokenizer", f"{info.path} produces ids up to {info.vocab_size - 1:,} ({info.vocab_size:,} "
+                     f"tokens), more than model.vocab_size={vocab:,} embeds",
+                     f"give the model vocab_size ≥ {info.vocab_size:,} (e.g. {padded:,}, a multiple of 64), or use a "
+                     f"tokenizer of at most {vocab:,} tokens")
+
+
 RULES: tuple[Callable[[Config], None], ...] = (
+    tokenizer_fits_the_model,
     hsdp_splits_the_data_parallel_ranks,
     context_parallel_splits_sequences,
     v_schedule_splits_the_layers,

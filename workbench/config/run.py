@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from workbench.config import rules, serialize
@@ -19,6 +19,7 @@ from workbench.config.choices import Precision, Recompute, Schedule
 from workbench.config.degrees import Degrees
 from workbench.config.model import PRESETS, ModelConfig
 from workbench.config.refusals import at_least, between, check_fields, one_of, positive, refuse
+from workbench.config.tokenizer import check_tokenizer
 
 _RANGES = {
     **{name: at_least(1) for name in ("dp", "tp", "pp", "ep", "cp", "dp_replicate", "micro_batches", "stages_per_rank",
@@ -38,6 +39,9 @@ class Config:
 
     model: ModelConfig = field(default_factory=lambda: PRESETS["tiny"])
     """The model's shape; `ModelConfig.preset("tiny")` and friends."""
+    tokenizer: str | None = None
+    """A local tokenizer: a `tokenizers` tokenizer.json, or a Hugging Face tokenizer folder holding one (stored as
+    its absolute path); None: bytes, every byte a token (vocabulary 256). Its vocabulary must fit model.vocab_size."""
     dp: int = 1
     """Data-parallel degree: replicas (or ZeRO shards) that each see their own slice of the batch."""
     tp: int = 1
@@ -114,7 +118,10 @@ class Config:
         if not isinstance(self.model, ModelConfig):
             raise refuse("model", f"expected a ModelConfig, got {type(self.model).__name__}",
                          'pass model=wb.ModelConfig.preset("tiny") or a ModelConfig(...)')
+        if isinstance(self.tokenizer, PurePath):
+            object.__setattr__(self, "tokenizer", str(self.tokenizer))  # JSON has no paths
         check_fields(self, _RANGES)
+        object.__setattr__(self, "tokenizer", check_tokenizer(self.tokenizer))
         rules.check(self)
 
     # -- derived ------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A cluster on a laptop: real collectives paced to what an emulated cluster's links would take (issue 19).
 
 `Cluster` (pure) says what is emulated; `workbench.emulation.rank` runs on the ranks and tells the compiled
-recording backend (extensions/telemetry/emulation.cpp) each group's cost; the link arithmetic is
+recording backend (extensions/telemetry/emulation*) each group's cost; the link arithmetic is
 `workbench.links`, the same the estimator uses.
 """
 

@@ -1,210 +1,68 @@
-"""Byte-level training data: a folder of text as one cached shard, and batches that are a pure function of (seed, step).
+"""Training data: a corpus as one cached shard of tokens, and batches that are a pure function of (seed, step).
 
-Tokens are bytes (vocabulary 256), so nothing is downloaded: the default
-corpus is the Python standard library's own source, which every install has.
-The corpus is concatenated once into a uint8 file under the cache directory
-and memory-mapped by every rank. A batch depends only on (seed, step) and not
+Tokens are bytes (vocabulary 256) unless the Config names a tokenizer, so
+nothing is downloaded: the default corpus is the Python standard library's own
+source, which every install has. The corpus is tokenised once into a file
+under the cache directory (`workbench.shards`) and memory-mapped by every rank. A batch depends only on (seed, step) and not
 on the parallel layout, so every layout sees the same data, and resuming at
 step k replays exactly what an uninterrupted run would have seen.
 """
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import json
-import os
-import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from filelock import FileLock
 
 from workbench.config import Config
-from workbench.corpus import Corpus, is_text
+# The shard cache lives notebook-side (workbench.shards); its names stay importable from here.
+from workbench.shards import SEPARATOR, Shard, default_cache_dir, prepare, prepare_default_corpus  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
 
-SEPARATOR = 0
-"""Byte written after every file. Text never contains NUL (files that do are skipped as binary), so it marks a file
-boundary unambiguously."""
-SHARD_FORMAT = 1
-"""Bumped when the shard's layout changes, so older caches are rebuilt rather than misread."""
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What a shard holds; stored as JSON beside it."""
-
-    source: str
-    files: int
-    bytes: int
-    sha256: str
-    """Hash of the shard's bytes: ranks on different machines can compare it to be sure they train on the same text."""
-    fingerprint: str
-    skipped: int
-    """Files left out because they contain NUL bytes (binary)."""
-    separator: int
-    format: int
-    created: str
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A built corpus: the uint8 file and its manifest."""
-
-    path: Path
-    manifest: Manifest
-
-    def tokens(self) -> np.memmap:
-        """The bytes, memory-mapped read-only: ranks share the page cache instead of each holding a copy."""
-        return np.memmap(self.path, dtype=np.uint8, mode="r")
-
-
-def default_cache_dir() -> Path:
-    """$WORKBENCH_DATA_CACHE, else data/cache in the checkout when writable, else ~/.cache/workbench/data."""
-    if env := os.environ.get("WORKBENCH_DATA_CACHE"):
-        return Path(env).expanduser()
-    data_dir = Path(__file__).resolve().parents[2] / "data"
-    # prepare.py marks a checkout; an installed package has no data/ folder beside it.
-    if (data_dir / "prepare.py").is_file():
-        cache = data_dir / "cache"
-        if os.access(cache if cache.exists() else data_dir, os.W_OK):
-            return cache
-    return Path.home() / ".cache" / "workbench" / "data"
-
-
-def prepare(corpus: str | Path | None = None, cache_dir: str | Path | None = None) -> Shard:
-    """The shard for `corpus`, built on first use and rebuilt when the folder changes.
-
-    Safe when several ranks call it at once: one builds under a file lock while
-    the others wait, and files only appear by atomic rename, so nobody ever
-    maps a half-written shard.
-    """
-    source = Corpus.resolve(corpus)
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    files = source.files()
-    fingerprint = source.fingerprint(files)
-    base = cache / source.cache_key()
-    shard = _load_if_current(base, fingerprint)
-    if shard is not None:
-        return shard
-    cache.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(_beside(base, ".lock"))):
-        # Another rank may have built it while this one waited for the lock.
-        shard = _load_if_current(base, fingerprint)
-        if shard is None:
-            shard = _build(source, files, fingerprint, base)
-    return shard
-
-
-def prepare_default_corpus() -> str:
-    """Build (or find) the standard library's shard in the default cache; one line saying what it holds."""
-    shard = prepare()
-    m = shard.manifest
-    return f"{m.source}: {m.files} files, {m.bytes:,} bytes -> {shard.path}"
-
-
-def _load_if_current(base: Path, fingerprint: str) -> Shard | None:
-    manifest_path, bin_path = _beside(base, ".json"), _beside(base, ".bin")
-    try:
-        manifest = Manifest(**json.loads(manifest_path.read_text()))
-        size = bin_path.stat().st_size
-    except (OSError, ValueError, TypeError):
-        return None
-    if manifest.format != SHARD_FORMAT or manifest.fingerprint != fingerprint or manifest.bytes != size:
-        return None
-    return Shard(bin_path, manifest)
-
-
-def _build(source: Corpus, files: list[Path], fingerprint: str, base: Path) -> Shard:
-    digest, total, kept, skipped = hashlib.sha256(), 0, 0, 0
-    tmp = tempfile.NamedTemporaryFile(dir=base.parent, prefix=base.name, suffix=".bin.tmp", delete=False)
-    try:
-        with tmp:
-            for path in files:
-                text = path.read_bytes()
-                if not is_text(text):
-                    skipped += 1
-                    continue
-                for piece in (text, bytes([SEPARATOR])):
-                    tmp.write(piece)
-                    digest.update(piece)
-                    total += len(piece)
-                kept += 1
-        if kept == 0:
-            what = f"no *{source.suffix} files" if source.suffix else "no text files"
-            raise ValueError(f"corpus {source.root} has {what}"
-                             + (f" ({skipped} binary files skipped)" if skipped else "")
-                             + "; point it at a folder holding text")
-        manifest = Manifest(source=str(source.root), files=kept, bytes=total, sha256=digest.hexdigest(),
-                            fingerprint=fingerprint, skipped=skipped, separator=SEPARATOR, format=SHARD_FORMAT,
-                            created=datetime.datetime.now(datetime.UTC).isoformat())
-        _publish(tmp.name, _beside(base, ".bin"))
-    except BaseException:
-        Path(tmp.name).unlink(missing_ok=True)
-        raise
-    # The manifest lands last: a reader that finds it current also finds the matching .bin.
-    _write_atomic(_beside(base, ".json"), json.dumps(asdict(manifest), indent=2) + "\n")
-    return Shard(_beside(base, ".bin"), manifest)
-
-
-def _beside(base: Path, suffix: str) -> Path:
-    # Not with_suffix: the key's own dots ("stdlib-python3.11-…") would be taken for a suffix.
-    return base.parent / (base.name + suffix)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
-        tmp.write(text)
-    _publish(tmp.name, path)
-
-
-def _publish(tmp: str, path: Path) -> None:
-    # Temporary files are created 0600; the shard is read-only data that other users' ranks may share.
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
 
 class TokenData:
-    """Training and validation batches of byte tokens over one corpus.
+    """Training and validation batches of tokens (bytes, or a tokenizer's ids) over one corpus.
 
     `global_batch(step)` is a pure function of (seed, step): random windows of
-    seq_len + 1 bytes from the training split (the first 1 - val_fraction of
+    seq_len + 1 tokens from the training split (the first 1 - val_fraction of
     the corpus). `local_batch` hands a data-parallel rank its contiguous rows of
     that global batch, so every layout trains on the same examples. Validation
     batches tile the held-out tail in order.
     """
 
     def __init__(self, corpus: str | Path | None = None, *, batch_size: int, seq_len: int, seed: int = 0,
-                 val_fraction: float = 0.05, cache_dir: str | Path | None = None, shard: Shard | None = None) -> None:
-        """`shard`: one already prepared from `corpus` (a reshard keeps training on the text it trained on, and
-        skips walking the folder again); None prepares it."""
+                 val_fraction: float = 0.05, cache_dir: str | Path | None = None, shard: Shard | None = None,
+                 tokenizer: str | Path | None = None) -> None:
+        """`tokenizer`: `Config.tokenizer` (None: bytes). `shard`: one already prepared from `corpus` with it (a
+        reshard keeps training on the text it trained on, and skips walking the folder again); None prepares it."""
         if batch_size <= 0 or seq_len <= 0:
             raise ValueError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
         self.batch_size, self.seq_len, self.seed, self.val_fraction = batch_size, seq_len, seed, val_fraction
-        self.shard = shard if shard is not None else prepare(corpus, cache_dir)
+        self.tokenizer = tokenizer
+        self.shard = shard if shard is not None else prepare(corpus, cache_dir, tokenizer=tokenizer)
         self._tokens = self.shard.tokens()
         total = len(self._tokens)
-        self.train_bytes = total - round(total * val_fraction)
-        """Training windows lie in [0, train_bytes); validation windows in [train_bytes, end)."""
-        self.num_val_batches = (total - self.train_bytes - 1) // seq_len // batch_size
+        self.train_tokens = total - round(total * val_fraction)
+        """Training windows lie in [0, train_tokens); validation windows in [train_tokens, end)."""
+        self.num_val_batches = (total - self.train_tokens - 1) // seq_len // batch_size
         window = seq_len + 1
-        if self.train_bytes < window or self.num_val_batches == 0:
+        if self.train_tokens < window or self.num_val_batches == 0:
             need = max(window, batch_size * seq_len + 1)
-            raise ValueError(f"corpus {self.shard.manifest.source} has {total} bytes: too few for seq_len={seq_len} "
+            unit = "bytes" if self.shard.manifest.tokenizer is None else "tokens"
+            raise ValueError(f"corpus {self.shard.manifest.source} has {total} {unit}: too few for seq_len={seq_len} "
                              f"and batch_size={batch_size} (its {val_fraction:.0%} validation split needs at least "
-                             f"{need} bytes); use a larger folder or a smaller batch")
+                             f"{need} {unit}); use a larger folder or a smaller batch")
 
     @classmethod
     def for_config(cls, cfg: Config, corpus: str | Path | None = None, **kwargs) -> TokenData:
-        """The data a `Config` trains on: its batch_size, seq_len and seed."""
-        return cls(corpus, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed, **kwargs)
+        """The data a `Config` trains on: its batch_size, seq_len, seed and tokenizer."""
+        return cls(corpus, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed, tokenizer=cfg.tokenizer,
+                   **kwargs)
 
     def offsets(self, step: int) -> np.ndarray:
         """Where each window of the global batch at `step` starts: drawn from a generator seeded by (seed, step)."""
@@ -212,7 +70,7 @@ class TokenData:
             raise ValueError(f"step must be ≥ 0, got {step}")
         # SeedSequence mixes the pair into independent streams; % 2**64 admits negative seeds.
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed % 2**64, step])))
-        return rng.integers(0, self.train_bytes - self.seq_len, size=self.batch_size, dtype=np.int64)
+        return rng.integers(0, self.train_tokens - self.seq_len, size=self.batch_size, dtype=np.int64)
 
     def global_batch(self, step: int) -> torch.Tensor:
         """(batch_size, seq_len + 1) int64 tokens: inputs are [:, :-1], targets [:, 1:]."""
@@ -226,7 +84,7 @@ class TokenData:
         """Validation batch i of `num_val_batches` (or this dp rank's rows of it): consecutive held-out windows."""
         if not 0 <= i < self.num_val_batches:
             raise IndexError(f"validation batch {i} out of range: there are {self.num_val_batches}")
-        first = self.train_bytes + i * self.batch_size * self.seq_len
+        first = self.train_tokens + i * self.batch_size * self.seq_len
         offsets = first + self.seq_len * np.arange(self.batch_size, dtype=np.int64)
         return self._windows(offsets[self._rows(dp_rank, dp_size)])
 
@@ -257,6 +115,7 @@ class TokenData:
 
     def __repr__(self) -> str:
         m = self.shard.manifest
-        return (f"TokenData({m.source!r}: {m.files} files, {m.bytes / 1e6:.1f} MB, train {self.train_bytes} bytes, "
+        tokens = f"{m.tokens:,} tokens of {Path(m.tokenizer).parent.name}" if m.tokenizer else f"{m.bytes:,} bytes"
+        return (f"TokenData({m.source!r}: {m.files} files, {tokens}, train {self.train_tokens:,}, "
                 f"{self.num_val_batches} val batches; batch_size={self.batch_size}, seq_len={self.seq_len}, "
                 f"seed={self.seed})")

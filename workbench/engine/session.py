@@ -106,14 +106,14 @@ def apply(cfg: Config, corpus: str | Path | None, telemetry: bool = True, fresh:
 
 
 def _data(cfg: Config, corpus: str | Path | None, old: Session | None, carry: bool) -> TokenData:
-    """The previous trainer's data when it is the same corpus, batch and seed (one mapping of the corpus file);
-    else, on a reshard of the same run and text, a new view of the same shard (no second walk over its folder);
-    else a new one."""
+    """The previous trainer's data when it is the same corpus, tokenizer, batch and seed (one mapping of the corpus
+    file); else, on a reshard of the same run and tokens, a new view of the same shard (no second walk over its
+    folder); else a new one."""
     data = old.trainer.data if old is not None else None
-    if (isinstance(data, TokenData) and old.corpus == corpus
-            and (data.batch_size, data.seq_len, data.seed) == (cfg.batch_size, cfg.seq_len, cfg.seed)):
+    same_tokens = isinstance(data, TokenData) and old.corpus == corpus and data.tokenizer == cfg.tokenizer
+    if same_tokens and (data.batch_size, data.seq_len, data.seed) == (cfg.batch_size, cfg.seq_len, cfg.seed):
         return data
-    shard = getattr(data, "shard", None) if carry and old.corpus == corpus else None
+    shard = data.shard if carry and same_tokens else None
     return TokenData.for_config(cfg, corpus, shard=shard)
 
 

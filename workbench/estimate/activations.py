@@ -9,7 +9,7 @@ from workbench.estimate.recompute import op_block, policy
 from workbench.estimate.stage import Stage
 
 
-def block_activations(st: Stage) -> int:
+def block_activations(st: Stage, layer: int | None = None) -> int:
     """Bytes one block saves for backward for one micro-batch, measured term by term on this model.
 
     Per token, with a = 2 under autocast else 4, sequence-parallel parts ÷ tp:
@@ -23,6 +23,8 @@ def block_activations(st: Stage) -> int:
     embedding's reduce-scatter output, a wrapper around the collective's result, one sharded residual all the
     same.
     """
+    if st.profile is not None:
+        return traced_block(st, st.layers[0] if layer is None else layer)
     m, tp, a = st.cfg.model, st.cfg.tp, st.act_bytes
     kv_dim = m.kv_heads * m.head_dim
     sharded = 16 * m.dim + 8 + a * (2 * m.dim + 2 * kv_dim) + 4 * m.n_heads + 4 * a * m.hidden_dim
@@ -35,6 +37,8 @@ def block_activations(st: Stage) -> int:
 def layer_activations(st: Stage, layer: int) -> int:
     """Bytes block `layer` saves for one micro-batch (a MoE block differs from a dense one in its FFN); under the
     per-op policy what it keeps (`recompute.op_block`: the same tensors on CPU kernels as on GPU ones)."""
+    if st.profile is not None:  # a traced block's figure holds its mixture of experts
+        return op_block(st, dtypes(st.cfg)) if policy(st, layer) == "op" else block_activations(st, layer)
     moe = moe_activations(st) if st.cfg.model.is_moe_layer(layer) else 0
     if policy(st, layer) == "op":
         return op_block(st, dtypes(st.cfg)) + moe
@@ -43,6 +47,8 @@ def layer_activations(st: Stage, layer: int) -> int:
 
 def edge_activations(st: Stage, first: bool, last: bool) -> int:
     """Bytes saved outside the blocks: token ids (first stage); final norm, head input, log-probs (last)."""
+    if st.profile is not None:
+        return traced_edges(st, first, last)
     m, tp = st.cfg.model, st.cfg.tp
     saved = 8 * st.tokens if first else 0
     if last:
@@ -73,9 +79,34 @@ def stage_activations(st: Stage) -> dict[int, int]:
 
 def rebuilt_block(st: Stage) -> int:
     """The largest block backward rebuilds at a time under recomputation (0 without): a transient of backward."""
+    if st.profile is not None:
+        rebuilt = [block_activations(st, i) for i in st.layers
+                   if st.cfg.activation_checkpointing == "op" or st.is_checkpointed(i)]
+        return max(rebuilt, default=0)
     moe = moe_activations(st) if st.moe_layers else 0
     if st.cfg.activation_checkpointing == "op":
         return block_activations(st) + moe
     rebuilt = [block_activations(st) + (moe_activations(st) if st.cfg.model.is_moe_layer(i) else 0)
                for i in st.layers if st.is_checkpointed(i)]
     return max(rebuilt) if rebuilt else 0
+
+
+def traced_block(st: Stage, layer: int) -> int:
+    """Bytes block `layer` of a traced model saves for one micro-batch: what the trace saw for one sequence, per
+    token; the inputs of column-parallel matmuls whole under sequence parallel, the rest ÷tp; its weights'
+    low-precision copies once per micro-batch, ÷tp."""
+    b, tp = st.profile.block(layer), st.cfg.tp
+    sharded = b.saved_bytes - b.gathered_bytes - b.weight_copies
+    return round(st.profile.per_token(st.tokens) * (sharded / tp + b.gathered_bytes)) + b.weight_copies // tp
+
+
+def traced_edges(st: Stage, first: bool, last: bool) -> int:
+    """Bytes a traced model saves outside its blocks: the embedding's (first stage); the final norm's (÷tp under
+    sequence parallel), the head's and the loss's (last stage)."""
+    p, tp = st.profile, st.cfg.tp
+    saved = round(p.per_token(st.tokens) * p.first_saved) if first else 0
+    if last:
+        whole = p.last_saved - p.last_sharded - p.last_copies
+        saved += round(p.per_token(st.tokens) * (whole + p.last_sharded / tp))
+        saved += p.last_copies // (tp if p.head_split else 1)
+    return saved

@@ -15,6 +15,8 @@ def op_recomputed_params(m) -> int:
 def executed_flops(st: Stage) -> float:
     """FLOPs one rank of this stage executes per step: forward and backward of its blocks (and the head on the
     last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp."""
+    if st.profile is not None:
+        return _traced_flops(st)
     cfg, m = st.cfg, st.cfg.model
     block_full, head_full = block_matmul_params(m), head_params(m)
     attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
@@ -32,3 +34,23 @@ def executed_flops(st: Stage) -> float:
         per_token -= runs * 2 * mlp_params(m)
         replicated = runs * 2 * moe_active_ffn_params(m)
     return (per_token / cfg.tp + replicated) * st.tokens * cfg.micro_batches
+
+
+def _traced_flops(st: Stage) -> float:
+    """`executed_flops` from a traced model: each block's forward and backward as counted (its mixture-of-experts
+    FFN whole on every tp rank, the rest ÷tp), forward again where it recomputes, the head on the last stage."""
+    cfg, p = st.cfg, st.profile
+    split = replicated = 0.0
+    for i in st.layers:
+        b = p.block(i)
+        runs = b.forward_flops + b.backward_flops + st.is_checkpointed(i) * b.forward_flops
+        again = b.replicated_forward_flops * st.is_checkpointed(i)
+        split += runs - b.replicated_flops - again
+        replicated += b.replicated_flops + again
+    if cfg.activation_checkpointing == "op":
+        # The per-op policy recomputes every other matmul of each block: wk, wo and w3 (the shape's names).
+        split += len(st.layers) * 2 * op_recomputed_params(cfg.model) * p.seq_len
+    if st.last:
+        head = p.head_forward_flops + p.head_backward_flops
+        split, replicated = (split + head, replicated) if p.head_split else (split, replicated + head)
+    return (split / cfg.tp + replicated) * p.per_token(st.tokens) * cfg.micro_batches

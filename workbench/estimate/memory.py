@@ -14,7 +14,8 @@ from workbench.estimate.stage import Stage
 def stage_memory(st: Stage) -> Memory:
     cfg, m = st.cfg, st.cfg.model
     # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
-    other = st.tokens * m.vocab_size * (6 if st.autocast else 4) if st.last else 0
+    vocab = st.profile.vocab_size if st.profile is not None else m.vocab_size
+    other = st.tokens * vocab * (6 if st.autocast else 4) if st.last else 0
     other += rebuilt_block(st)
     # Expert slices are synchronised and sharded over edp = dp/ep, everything else over dp·cp (one shard group
     # under HSDP), with the optimizer's own state bytes.

@@ -25,6 +25,7 @@ from workbench.estimate.step_gpu import MicroBatchCompute, micro_batch_compute, 
 from workbench.estimate.tensor import tp_comm
 from workbench.estimate.timeline import gpu_memory
 from workbench.flops import flops_per_token
+from workbench.model_profile import ModelProfile
 from workbench.hardware import Hardware, profile
 
 CPU_EFFICIENCY = 0.4
@@ -32,12 +33,14 @@ CPU_EFFICIENCY = 0.4
 
 
 def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: float | None = None,
-             features: Features = NO_FEATURES) -> Estimate:
+             features: Features = NO_FEATURES, traced: ModelProfile | None = None) -> Estimate:
     """Predict per-rank memory, FLOPs, communication and step time of `cfg` on `hardware`.
 
     efficiency: None for the profile's own model (GPU: kernel by kernel; CPU: 0.4 of the measured peak), or a
     stated MFU assumption: executed FLOPs run at that fraction of the device's peak.
     features: published-run settings the engine lacks (torch.compile, Float8, loss parallel) to model as well.
+    traced: the model as traced (`workbench.tracing`, at cfg.seq_len and precision): its parameters, FLOPs and
+    (on the CPU model) saved activations stand where the built-in model's formulas would.
     """
     hw = profile(hardware, ranks=cfg.world_size) if isinstance(hardware, str) else hardware
     if efficiency is not None and not 0 < efficiency <= 1:
@@ -52,7 +55,7 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     if (features.float8_tp or cfg.precision in FP8) and "fp8" not in hw.peak_flops:
         raise ValueError(f"Float8 linears need an fp8 peak; {hw.name} has none")
     net = network(cfg, hw)
-    shapes = stage_shapes(cfg)
+    shapes = stage_shapes(cfg, traced)
     flops = [executed_flops(st) for st in shapes]
     if hw.kind == "cpu":
         return _cpu(cfg, hw, net, shapes, flops, efficiency or CPU_EFFICIENCY)
@@ -75,7 +78,7 @@ def _cpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params, memory=stage_memory(st),
                                     flops=f, compute_s=own_s, comm=tuple(c for c in comm if c.calls)))
     return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=tuple(stages),
-                    model_flops=_model_flops(cfg), compute_s=compute_s, assumptions=ASSUMPTIONS)
+                    model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=ASSUMPTIONS)
 
 
 def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: list[float],
@@ -106,7 +109,7 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
     executed = max(flops)
     achieved = efficiency or executed / compute_s / hw.peak(cfg.precision)
     return Estimate(config=cfg, hardware=hw, efficiency=achieved, stages=tuple(stages),
-                    model_flops=_model_flops(cfg), compute_s=compute_s, assumptions=GPU_ASSUMPTIONS,
+                    model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=GPU_ASSUMPTIONS,
                     features=features)
 
 
@@ -125,8 +128,13 @@ def _gpu_stage_memory(st: Stage, dt: Dtypes, features: Features) -> Memory:
                   reserved=reserved(allocated), runtime=runtime_bytes(st.cfg), peak_at=g.moments.where)
 
 
-def _model_flops(cfg: Config) -> float:
-    return flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
+def _model_flops(cfg: Config, profile: ModelProfile | None = None) -> float:
+    """The step's model FLOPs (what MFU divides by): forward and backward once, no recompute."""
+    if profile is None:
+        return flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
+    sequence = sum(profile.block(i).forward_flops + profile.block(i).backward_flops for i in range(profile.n_layers))
+    sequence += profile.head_forward_flops + profile.head_backward_flops
+    return profile.per_token(sequence) * cfg.tokens_per_step
 
 
 def grad_sync_bytes_per_step(cfg: Config, hardware: str | Hardware = "h100") -> int:

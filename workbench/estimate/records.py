@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from workbench.estimate.options import NO_FEATURES, Features
-from workbench.flops import flops_per_token
 
 if TYPE_CHECKING:
     from workbench.config import Config
@@ -196,7 +195,8 @@ class Estimate:
 
     @property
     def flops_per_token(self) -> float:
-        return flops_per_token(self.config.model, self.config.seq_len)
+        """Model FLOPs per token (forward and backward once): the formula's, or a traced model's."""
+        return self.model_flops / self.config.tokens_per_step
 
     @property
     def tokens_per_s(self) -> float:

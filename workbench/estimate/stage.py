@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from workbench.config import FP8, Config, checkpointed_blocks
 from workbench.schedules import config_rank_stages, config_stages, rank_layers
 from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
+from workbench.model_profile import ModelProfile
 
 
 def ceil_div(a: float, b: int) -> int:
@@ -57,6 +58,9 @@ class Stage:
     """How many of this rank's blocks recompute their activations (checkpointed whole)."""
     checkpointed_layers: frozenset[int] = frozenset()
     """Which of them."""
+    profile: ModelProfile | None = None
+    """The model as traced (`workbench.model_profile`): its figures stand where the built-in model's formulas
+    would; None: the built-in model's shape, from the formulas."""
 
     @property
     def first(self) -> bool:
@@ -117,7 +121,9 @@ class Stage:
         return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
 
 
-def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
+def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile | None = None) -> Stage:
+    if profile is not None:
+        return _traced_stage(cfg, rank, layers, profile)
     m, tp = cfg.model, cfg.tp
     chunks = config_stages(cfg)
     checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
@@ -152,6 +158,52 @@ def stage_shape(cfg: Config, rank: int, layers: tuple[int, ...]) -> Stage:
     )
 
 
-def stage_shapes(cfg: Config) -> list[Stage]:
-    """Every pipeline rank's shape, in rank order."""
-    return [stage_shape(cfg, rank, layers) for rank, layers in enumerate(rank_layers(cfg))]
+def stage_shapes(cfg: Config, profile: ModelProfile | None = None) -> list[Stage]:
+    """Every pipeline rank's shape, in rank order; from the traced `profile` where one is given."""
+    if profile is not None:
+        check_profile(cfg, profile)
+    return [stage_shape(cfg, rank, layers, profile) for rank, layers in enumerate(rank_layers(cfg))]
+
+
+def traced_precision(cfg: Config) -> str:
+    """The precision a trace of `cfg`'s model runs in: "fp32"; "low", bf16 autocast over fp32 parameters (bf16,
+    fp16, fp8's bf16 beside the Float8 linears); "bf16_params" under FSDP2's mixed precision."""
+    if cfg.precision == "fp32":
+        return "fp32"
+    return "bf16_params" if cfg.mixed_precision == "fsdp" else "low"
+
+
+def check_profile(cfg: Config, profile: ModelProfile) -> None:
+    """A profile describes one sequence length and precision, and a model of cfg.model's depth."""
+    low = traced_precision(cfg)
+    if (profile.seq_len, profile.precision, profile.n_layers) != (cfg.seq_len, low, cfg.model.n_layers):
+        raise ValueError(f"the profile of {profile.name} was traced at seq_len={profile.seq_len}, precision "
+                         f"{profile.precision!r}, {profile.n_layers} blocks; this Config runs seq_len={cfg.seq_len}, "
+                         f"precision {low!r}, {cfg.model.n_layers} blocks: trace it for this Config")
+
+
+def _traced_stage(cfg: Config, rank: int, layers: tuple[int, ...], profile: ModelProfile) -> Stage:
+    """A pipeline rank's shape from a traced model: its parameters per block and around them, as traced."""
+    tp, ep = cfg.tp, cfg.ep
+    chunks = config_stages(cfg)
+    checkpointed = checkpointed_blocks(list(layers), cfg.activation_checkpointing)
+    stages = tuple(config_rank_stages(cfg, rank))
+    last_stage = cfg.pp * chunks - 1
+    first, last = 0 in stages, last_stage in stages
+    head_tp = tp if profile.head_split else 1
+    embedding = ceil_div(profile.embedding_params, head_tp)
+    head = ceil_div(profile.head_params, head_tp)
+    moe_layers = tuple(i for i in layers if profile.block(i).expert_params)
+    kinds = [profile.block(i) for i in layers]
+    return Stage(
+        cfg=cfg, rank=rank, layers=layers, chunks=chunks, stages=stages,
+        boundaries=sum(s > 0 for s in stages) + sum(s < last_stage for s in stages),
+        block_matmul=max((ceil_div(b.split_params, tp) for b in kinds), default=0),
+        block_params=max((profile.block_params(i, tp, ep) for i in layers), default=0),
+        embedding=embedding, head=head, root=first * embedding + last * (head + profile.norm_params),
+        moe_layers=moe_layers, expert_params=sum(b.expert_params for b in kinds) // ep,
+        params=profile.stage_params(layers, first, last, tp, ep),
+        tensors=sum(b.tensors for b in kinds) + first + 2 * last,
+        tokens=cfg.micro_batch_size * cfg.seq_len // cfg.cp,
+        checkpointed=len(checkpointed), checkpointed_layers=frozenset(checkpointed), profile=profile,
+    )

@@ -20,6 +20,7 @@ from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
 from workbench.estimate.stage import Stage
 from workbench.hardware import Hardware
+from workbench.model_profile import BlockProfile
 
 ADAMW_BYTES_PER_PARAM = 40
 """What torch's foreach AdamW reads and writes per fp32 parameter (torch/optim/adamw.py `_multi_tensor_adamw`):
@@ -87,33 +88,23 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     base = "bf16" if cfg.precision in FP8 else cfg.precision
     gemm_precision = "fp8" if dt.float8 else base
     gemm_bytes = 1 if dt.float8 else a
-    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
-    q = m.n_heads * m.head_dim
-    attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
-    mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
-    recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
-
+    d = st.profile.dim if st.profile else m.dim
     gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = 0.0
     fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
-    # Blocks alike (same recomputation, dense or MoE) cost alike: price one of each kind, times how many.
-    kinds = Counter((policy(st, layer), m.is_moe_layer(layer)) for layer in st.layers)
-    for (how, moe), count in kinds.items():
-        fwd = bwd = 0.0
-        for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
-            one = linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, backward=False)
-            fwd += one
-            bwd += linear_time(hw, gemm_precision, t, fan_in, fan_out, gemm_bytes, forward=False)
-            if how == "block" or (how == "op" and i in recomputed_op):
-                bwd += one
-        if moe:
-            # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
-            moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
-            fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
+    # Blocks alike (same recomputation, same kind) cost alike: price one of each kind, times how many.
+    traced = st.profile
+    kinds = Counter((policy(st, layer), traced.blocks[layer] if traced else m.is_moe_layer(layer))
+                    for layer in st.layers)
+    for (how, kind), count in kinds.items():
+        if traced is not None:
+            fwd, bwd = _traced_gemms(st, traced.kinds[kind], how, hw, gemm_precision, gemm_bytes, base, a)
+        else:
+            fwd, bwd = _block_gemms(st, kind, how, hw, gemm_precision, gemm_bytes, base, a)
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
         attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
         attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
     if st.last:
-        vocab = -(-m.vocab_size // tp)
+        vocab = -(-(traced.vocab_size if traced else m.vocab_size) // tp)
         gemm_fwd += linear_time(hw, base, t, d, vocab, a, backward=False)
         gemm_bwd += linear_time(hw, base, t, d, vocab, a, forward=False)
 
@@ -132,6 +123,54 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     return MicroBatchCompute(gemm=gemm_fwd + gemm_bwd, attention=attn_fwd + attn_bwd,
                              memory_bound=mem_fwd + mem_bwd, forward=gemm_fwd + attn_fwd + mem_fwd,
                              backward=gemm_bwd + attn_bwd + mem_bwd)
+
+
+def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, elem: float, base: str,
+                 a: float) -> tuple[float, float]:
+    """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
+    a mixture of experts, whose GEMMs follow), recomputed as `how` says."""
+    m, tp, t = st.cfg.model, st.cfg.tp, st.tokens
+    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
+    q = m.n_heads * m.head_dim
+    attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
+    mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
+    recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
+    fwd = bwd = 0.0
+    for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
+        one = linear_time(hw, precision, t, fan_in, fan_out, elem, backward=False)
+        fwd += one
+        bwd += linear_time(hw, precision, t, fan_in, fan_out, elem, forward=False)
+        if how == "block" or (how == "op" and i in recomputed_op):
+            bwd += one
+    if moe:
+        # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
+        moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
+        fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
+    return fwd, bwd
+
+
+def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precision: str, elem: float, base: str,
+                  a: float) -> tuple[float, float]:
+    """Forward and backward GEMM time of one traced block: each of its linears at its traced shape, split as the
+    plan says; under the per-op policy every other one (in the order they ran) recomputed. Its routed experts (no
+    linears of their own) as one GEMM of their traced forward FLOPs, in bf16, whole on every tp rank."""
+    t = st.tokens
+    fwd = bwd = 0.0
+    for i, g in enumerate(block.gemms):
+        fan_in, fan_out = g.fans(st.cfg.tp)
+        one = g.count * linear_time(hw, precision, t, fan_in, fan_out, elem, backward=False)
+        fwd += one
+        bwd += g.count * linear_time(hw, precision, t, fan_in, fan_out, elem, forward=False)
+        if how == "block" or (how == "op" and i % 2):  # the op policy keeps every other matmul's output
+            bwd += one
+    if block.expert_params:
+        linears = sum(2 * g.n * g.k * g.count for g in block.gemms if g.split is None) * st.profile.seq_len
+        experts = max(block.replicated_forward_flops - linears, 0.0) * st.profile.per_token(t)
+        width = max(1, round(experts / (2 * t * st.profile.dim)))
+        one = linear_time(hw, base, t, st.profile.dim, width, a, backward=False)
+        fwd += one
+        bwd += linear_time(hw, base, t, st.profile.dim, width, a, forward=False) + one * (how == "block")
+    return fwd, bwd
 
 
 def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:

@@ -1,12 +1,11 @@
-"""Pure functions over telemetry records: what overlap is measured over, and bandwidth.
+"""Pure functions over telemetry records: the interval arithmetic behind overlap, and bandwidth.
 
-Overlap is measured on the ranks by the compiled extension (``native``) as a
-sweep over merged intervals: the fraction of communication time during which
-computation also runs (the HolisticTraceAnalysis definition). This module
-prepares its input, ``split_kinds``: compute spans less the time a thread
-waited on a collective. The plain-Python sweep the extension is tested
-against lives with the tests (``tests/telemetry/overlap_reference.py``), so
-there is one implementation in the product and an independent one to check it.
+Overlap is a sweep over merged intervals: the fraction of communication time during which computation also
+runs (the HolisticTraceAnalysis definition). This module is its one implementation: ranks call `step_summary`
+at each step's end (telemetry/probes.py), and the notebook side reads compute and exposed time with the same
+functions (emulation/predict.py, emulation/arrivals.py), so it has to be plain Python: the notebook never
+imports torch, which the compiled extension needs. The independent check it is held to is written another way
+(a sweep over span boundaries) with the tests: tests/telemetry/overlap_reference.py.
 
 Spans are half-open ``(start_ns, end_ns)`` on one rank's monotonic clock.
 """
@@ -21,26 +20,50 @@ Span = tuple[int, int]
 
 
 def merge(spans: Iterable[Span]) -> list[Span]:
-    """Sorted, disjoint spans covering exactly the instants of ``spans`` (empty ones vanish)."""
-    ordered = sorted(spans)
-    for start, end in ordered:
-        if end < start:
-            raise ValueError(f"interval ends before it starts: [{start}, {end})")
-    out: list[list[int]] = []
-    for start, end in ordered:
-        if end == start:
+    """Sorted, disjoint spans covering exactly the instants of ``spans`` (empty ones vanish).
+
+    A span ending before it starts is a caller's bug: refused, naming it."""
+    out: list[Span] = []
+    lo = hi = None
+    for start, end in sorted(spans):
+        if end <= start:
+            if end < start:
+                raise ValueError(f"interval ends before it starts: [{start}, {end})")
             continue
         # Touching spans join: no instant lies between [0, 5) and [5, 9).
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
+        if hi is not None and start <= hi:
+            if end > hi:
+                hi = end
         else:
-            out.append([start, end])
-    return [(s, e) for s, e in out]
+            if hi is not None:
+                out.append((lo, hi))
+            lo, hi = start, end
+    if hi is not None:
+        out.append((lo, hi))
+    return out
 
 
 def covered_ns(spans: Iterable[Span]) -> int:
     """How long ``spans`` cover, each instant once (overlaps counted once)."""
     return sum(end - start for start, end in merge(spans))
+
+
+def intersection(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
+    """Instants covered by both sets, as merged spans."""
+    x, y = merge(a), merge(b)
+    out: list[Span] = []
+    i = j = 0
+    # Both lists are sorted and disjoint, so one sweep visits every pair that can meet: advance whichever span
+    # ends first, since the other may still meet the next one.
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
 
 
 def subtract(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
@@ -70,6 +93,23 @@ def split_kinds(intervals: Iterable[Interval]) -> tuple[list[Span], list[Span]]:
     for iv in intervals:
         {"comm": comm, "wait": waits}.get(iv.kind, compute).append((iv.start_ns, iv.end_ns))
     return (subtract(compute, waits) if waits else compute), comm
+
+
+def step_overlap_ns(compute: Iterable[Span], comm: Iterable[Span]) -> tuple[int, int, int]:
+    """``(comm_ns, exposed_ns, overlapped_ns)``: the union of communication, the part of it with no computation
+    running, and the part with computation running."""
+    comm = merge(comm)
+    comm_ns = sum(end - start for start, end in comm)
+    overlapped_ns = sum(end - start for start, end in intersection(comm, compute))
+    return comm_ns, comm_ns - overlapped_ns, overlapped_ns
+
+
+def step_summary(intervals: Iterable[Interval]) -> tuple[float, float, float | None]:
+    """``(comm_time_s, exposed_comm_s, overlap)`` of one step's records; overlap is None without communication
+    (0/0 is not "no overlap")."""
+    comm_ns, exposed_ns, overlapped_ns = step_overlap_ns(*split_kinds(intervals))
+    overlap = overlapped_ns / comm_ns if comm_ns else None
+    return comm_ns * 1e-9, exposed_ns * 1e-9, overlap
 
 
 # --- bandwidth, as nccl-tests reports it (doc/PERFORMANCE.md) ---------------------

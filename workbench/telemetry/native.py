@@ -8,8 +8,9 @@ because numbers from another clock or another method would silently differ.
 What it offers: the rank's monotonic clock (``now_ns``, the same clock as
 ``time.monotonic_ns``), a recorder of timed spans that compute probes and
 the recording communication backend (``workbench.telemetry.comm``) write into,
-and the interval arithmetic behind overlap (the one implementation; the tests
-hold it equal to a plain-Python reference, tests/telemetry/overlap_reference.py).
+the flight recorder, the emulation's pacing and the quantisers. The arithmetic
+over what it records is plain Python (``workbench.telemetry.analysis``), since
+the notebook, which never imports torch, needs it too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
-from workbench.telemetry.analysis import split_kinds
 from workbench.telemetry.events import Interval, IntervalKind
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "extensions" / "telemetry"
@@ -251,37 +251,6 @@ def drain_marked() -> list:
     taken = list(_marked)
     _marked.clear()
     return taken
-
-
-# --- interval arithmetic (ns; input prepared by analysis.split_kinds) ---------------
-
-
-Spans = Iterable[tuple[int, int]]
-
-
-def merge(spans: Spans) -> list[tuple[int, int]]:
-    return load().merge(list(spans))
-
-
-def union_length(spans: Spans) -> int:
-    return load().union_length(list(spans))
-
-
-def intersection(a: Spans, b: Spans) -> list[tuple[int, int]]:
-    return load().intersection(list(a), list(b))
-
-
-def step_overlap_ns(compute: Spans, comm: Spans) -> tuple[int, int, int]:
-    """``(comm_ns, exposed_ns, overlapped_ns)``: the union of communication, the part of it with no
-    computation running, and the part with computation running."""
-    return tuple(load().step_overlap(list(compute), list(comm)))
-
-
-def step_summary(intervals: Iterable[Interval]) -> tuple[float, float, float | None]:
-    """``(comm_time_s, exposed_comm_s, overlap)`` of one step; overlap is None without comm."""
-    comm_ns, exposed_ns, overlapped_ns = step_overlap_ns(*split_kinds(intervals))
-    overlap = overlapped_ns / comm_ns if comm_ns else None
-    return comm_ns * 1e-9, exposed_ns * 1e-9, overlap
 
 
 # --- command line -----------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 
 from workbench.flops import flops_per_token
 from workbench.telemetry.activations import ActivationMeter, MeterSampling
+from workbench.telemetry.analysis import step_summary
 from workbench.telemetry.events import Interval, StepMetrics
 from workbench.telemetry.grad_sync import grad_sync_bytes
 from workbench.telemetry.memory import ModelMemory, process_bytes
@@ -209,7 +210,7 @@ class StepProbe(NullProbe):
     def finish(self, metrics: StepMetrics) -> StepMetrics:
         gpu_spans = self.gpu.finish() if self.gpu is not None else []
         intervals = tuple(sorted([*self.native.drain(), *self.spans, *gpu_spans], key=lambda iv: iv.start_ns))
-        comm_s, exposed_s, overlap = self.native.step_summary(intervals)
+        comm_s, exposed_s, overlap = step_summary(intervals)
         if self._watching:
             self.sampling.measured(metrics.step, self.meter.peak, self.meter.live)
         activations = self.sampling.latest  # this step's, or the last watched step's

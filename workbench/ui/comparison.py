@@ -15,7 +15,7 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
     """The last layout's predicted and measured figures with their errors, as an HTML table ("" before a step with
     telemetry, or for a GPU without a profile). On CPU ranks the profile is the matmul peak they measured for
     their MFU (no measuring, no torch, in the notebook)."""
-    from workbench.estimate import estimate
+    from workbench.tracing.estimate import estimate  # any model: traced where it is not the built-in one
     from workbench.estimate.compare import compare
     from workbench.estimate.predict import CPU_EFFICIENCY
     from workbench.hardware import cpu_with_peak

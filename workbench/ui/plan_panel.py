@@ -12,7 +12,8 @@ import ipywidgets as widgets
 
 from workbench.config import PRESETS, Config
 from workbench.hardware import DATASHEETS
-from workbench.plan import Plan, Scaled, plan, scale_layout
+from workbench.plan import Plan, Scaled, scale_layout
+from workbench.tracing.estimate import plan  # any model: traced where it is not the built-in one
 
 if TYPE_CHECKING:
     from workbench.ui.controls import Controls

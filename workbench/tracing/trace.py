@@ -1,0 +1,322 @@
+"""Trace a model once, forward and backward, on fake tensors: what each block holds, computes and saves.
+
+Nothing is allocated: the model is built and run under torch's FakeTensorMode, whose tensors carry shapes, dtypes
+and a device (the CPU, so the kernels chosen are the CPU's, as the ranks here run them) but no storage. While it
+runs:
+- FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode`, per module, forward and backward apart (the
+  CPU's fused attention kernel, which it has no formula for, is counted as its math: q·kᵀ and p·v);
+- the tensors autograd saves for backward are seen by a saved-tensor hook pair, each storage once, parameters
+  and the model's buffers left out (what `telemetry.activations.ActivationMeter` counts on the ranks), each
+  charged to the block (or the edge of the model) that saved it first;
+- each block's linears give its matmuls' shapes, and the tensor-parallel plan says which are split and which
+  inputs are saved whole under sequence parallel.
+Blocks with equal figures are one kind (`ModelProfile.kinds`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from workbench.model_profile import BlockProfile, Gemm, ModelProfile
+from workbench.tracing.parts import Parts, is_column, is_split
+
+aten = torch.ops.aten
+PRECISIONS = ("fp32", "low", "bf16_params")
+
+
+def _attention_flops(q_shape, k_shape, v_shape) -> int:
+    """q·kᵀ and p·v over the whole square, every query head (grouped keys and values are broadcast to them)."""
+    b, h, s_q, d = q_shape
+    s_k, d_v = k_shape[-2], v_shape[-1]
+    return 2 * b * h * s_q * s_k * (d + d_v)
+
+
+def _cpu_flash_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    return _attention_flops(q_shape, k_shape, v_shape)
+
+
+def _cpu_flash_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    return 2 * _attention_flops(q_shape, k_shape, v_shape)  # dv, dp, dq and dk: four matmuls of the same size
+
+
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """A grouped matmul (mixture-of-experts FFNs): 2·M·K·N over all its groups together, whatever the split."""
+    if len(a_shape) == 3 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+    return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+
+
+FLOP_FORMULAS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    aten._grouped_mm: _grouped_mm_flops,
+}
+"""The CPU's fused attention kernels, which FlopCounterMode has no formula for: counted as their math (q·kᵀ and
+p·v over the whole square, and twice that backward), as it counts the GPU's flash and efficient kernels."""
+
+
+@dataclass
+class _Region:
+    """What one block (or edge of the model) saved and which of it is gathered, weight copies, split inputs."""
+
+    saved: int = 0
+    gathered: int = 0
+    copies: int = 0
+    gemms: list[Gemm] = field(default_factory=list)
+
+
+def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp32", name: str = "",
+          plan: dict[str, str] | None = None, vocab_size: int | None = None) -> ModelProfile:
+    """The profile of the model `build()` returns, for one sequence of `seq_len` tokens.
+
+    build: makes the model (called under FakeTensorMode: its parameters are fake, nothing is allocated; one it builds
+    on the meta device, as the ranks do, is made fake on the CPU).
+    precision: "fp32"; "low", bf16 autocast over fp32 parameters (what bf16, fp16 and fp8's bf16 save); or
+    "bf16_params", bf16 parameters and no autocast (FSDP2's mixed precision, Config.mixed_precision="fsdp").
+    plan: the tensor-parallel plan of one block ({"attention.wq": "colwise", ...}, "*" for any name); None takes
+    the model's own (`Parts.plan`).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    start = time.perf_counter()
+    mode = FakeTensorMode()
+    default = torch.get_default_dtype()
+    try:
+        if precision == "bf16_params":  # built in bf16: fake parameters cannot be swapped for a cast afterwards
+            torch.set_default_dtype(torch.bfloat16)
+        with mode:
+            model = _on_fake_cpu(build(), mode)
+    finally:
+        torch.set_default_dtype(default)
+    parts = Parts.of(model)
+    plan = parts.plan if plan is None else plan
+    vocab = vocab_size or parts.vocab_size
+    with mode:  # inputs and targets apart, as a rank's batch reaches the model
+        inputs, targets = torch.randint(0, vocab, (1, seq_len)), torch.randint(0, vocab, (1, seq_len))
+    regions, first, last = _Watch(model, parts, plan), _Region(), _Region()
+    # One counter for forward and backward, so that backward's FLOPs are charged to the modules too.
+    with mode, _GroupedShapes(), FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
+        with regions.hooks(first, last), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "low"):
+            logits = parts.logits(model(inputs))
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+        forward = _totals(counter)
+        loss.backward()
+        both = _totals(counter)
+    backward = {k: v - forward.get(k, 0) for k, v in both.items()}
+    return _profile(model, parts, plan, regions, first, last, forward, backward, seq_len, precision, name,
+                    time.perf_counter() - start)
+
+
+class _GroupedShapes(TorchDispatchMode):
+    """torch's grouped matmul on fake tensors: its output's shape, not its meta function, which accepts bf16 only
+    where the CPU kernel (what the ranks run, transformers' default for experts) takes fp32 too."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is aten._grouped_mm.default:
+            a, b = args[0], args[1]
+            offs = (kwargs or {}).get("offs", args[2] if len(args) > 2 else None)
+            if a.dim() == 2 and b.dim() == 3:
+                shape = (a.shape[0], b.shape[2])
+            elif a.dim() == 2 and b.dim() == 2:  # a weight's gradient: one (K, N) per group
+                shape = (offs.shape[0], a.shape[0], b.shape[1])
+            else:
+                shape = (a.shape[0], a.shape[1], b.shape[-1])
+            return torch.empty(shape, dtype=(kwargs or {}).get("out_dtype") or a.dtype, device=a.device)
+        return func(*args, **(kwargs or {}))
+
+
+class _Casts(TorchDispatchMode):
+    """Sees every copy to another dtype, so that autocast's casts of weights and of gathered inputs are known."""
+
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.watch.current is None and isinstance(out, torch.Tensor):
+            self.watch.outside.add(self.watch.hold(out))  # made between the parts: shared by the blocks
+        if func is aten._to_copy.default and isinstance(args[0], torch.Tensor):
+            source = _key(args[0])
+            if source in self.watch.params:
+                self.watch.weight_casts.add(self.watch.hold(out))
+            elif source in self.watch.gathered:
+                self.watch.gathered.add(self.watch.hold(out))
+        return out
+
+
+def _on_fake_cpu(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """`model` with every tensor on the meta device (as the ranks build a model before laying it out) made a fake
+    CPU tensor: the same shapes, no storage, and the CPU's kernels chosen as the ranks here run them. A tied
+    parameter stays one parameter."""
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in fakes:
+            made = FakeTensor(mode, t.detach(), torch.device("cpu"))
+            fakes[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else made
+        return fakes[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None and t.device.type == "meta":
+                    table[name] = fake(t)
+    return model
+
+
+class _Watch:
+    """The hooks that charge each saved storage to the block (or edge) saving it."""
+
+    def __init__(self, model: nn.Module, parts: Parts, plan: dict[str, str]) -> None:
+        self.model, self.parts, self.plan = model, parts, plan
+        self.blocks = [_Region() for _ in parts.blocks]
+        self.norm = _Region()
+        self.current: _Region | None = None
+        self.seen: set[int] = set()
+        self.ignored = {_key(t) for t in (*model.parameters(), *model.buffers())}
+        self.params = {_key(p) for p in model.parameters()}
+        self.gathered: set[int] = set()
+        """Storages of the inputs of column-parallel linears, and their casts: saved whole under sequence parallel."""
+        self.weight_casts: set[int] = set()
+        """Storages of autocast's copies of parameters."""
+        self.outside: set[int] = set()
+        """Storages made between the parts (outside the embedding and every block): shared, not a block's own."""
+        self.held: list[torch.Tensor] = []
+        """Every tensor whose storage is remembered, kept alive (fake: no memory) so that no other storage is made
+        at its address while the trace runs."""
+
+    def hold(self, t: torch.Tensor) -> int:
+        self.held.append(t)
+        return _key(t)
+
+    def hooks(self, first: _Region, last: _Region):
+        import contextlib
+
+        @contextlib.contextmanager
+        def installed():
+            handles = []
+            entering = lambda region: lambda *_: setattr(self, "current", region)  # noqa: E731
+            leaving = lambda *_: setattr(self, "current", None)  # noqa: E731
+            if self.parts.embedding is not None:
+                handles += [self.parts.embedding.register_forward_pre_hook(entering(first)),
+                            self.parts.embedding.register_forward_hook(leaving)]
+            if self.parts.norm is not None:
+                handles += [self.parts.norm.register_forward_pre_hook(entering(self.norm)),
+                            self.parts.norm.register_forward_hook(leaving)]
+            for (path, block), region in zip(self.parts.blocks, self.blocks, strict=True):
+                handles += [block.register_forward_pre_hook(entering(region)), block.register_forward_hook(leaving)]
+                handles += self._linear_hooks(block, region)
+            self.first, self.last = first, last
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), _Casts(self):
+                    yield
+            finally:
+                for h in handles:
+                    h.remove()
+        return installed()
+
+    def _linear_hooks(self, block: nn.Module, region: _Region) -> list:
+        handles = []
+        for name, module in block.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            style = _style(self.plan, name)
+            split = ("column" if is_column(style) else "row") if is_split(style) else None
+            region.gemms.append(Gemm(n=module.out_features, k=module.in_features, split=split))
+            if is_column(style):
+                handles.append(module.register_forward_pre_hook(
+                    lambda _m, args: self.gathered.add(self.hold(args[0]))))
+        return handles
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _key(t)
+        if key in self.ignored or key in self.seen:
+            return t
+        self.seen.add(key)
+        region = self.current or self.last  # outside every block and the embedding: the model's end
+        if key in self.outside and region is not self.last and region is not self.norm:
+            region = self.first  # made once before the blocks (rotary cos/sin, masks) and read by all of them
+        nbytes = t.untyped_storage().nbytes()
+        region.saved += nbytes
+        if key in self.gathered:
+            region.gathered += nbytes
+        elif key in self.weight_casts:
+            region.copies += nbytes
+        return t
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _style(plan: dict[str, str], path: str) -> str | None:
+    """The plan's style for the module at `path` inside a block ("*" matches one name), or None."""
+    for pattern, style in plan.items():
+        if fnmatch.fnmatchcase(path, pattern.replace("*", "[!.]*")):
+            return style
+    return None
+
+
+def _profile(model, parts, plan, regions, first, last, f_counts, b_counts, seq_len, precision, name,
+             trace_s) -> ModelProfile:
+    root = type(model).__name__
+    kinds: list[BlockProfile] = []
+    order: list[int] = []
+    block_f = block_b = 0.0
+    for (path, block), region in zip(parts.blocks, regions.blocks, strict=True):
+        f, b = f_counts.get(f"{root}.{path}", 0), b_counts.get(f"{root}.{path}", 0)
+        block_f, block_b = block_f + f, block_b + b
+        moe = [f"{root}.{path}.{n}" for n in _moe_modules(block)]
+        params = list(block.named_parameters())
+        kind = BlockProfile(
+            params=sum(p.numel() for _, p in params),
+            split_params=sum(p.numel() for n, p in params if is_split(_style(plan, n.rsplit(".", 1)[0]))),
+            expert_params=sum(p.numel() for _, p in params if p.dim() == 3),
+            tensors=len(params), forward_flops=f, backward_flops=b,
+            replicated_flops=sum(f_counts.get(m, 0) + b_counts.get(m, 0) for m in moe),
+            replicated_forward_flops=sum(f_counts.get(m, 0) for m in moe),
+            saved_bytes=region.saved, gathered_bytes=region.gathered, weight_copies=region.copies,
+            gemms=tuple(region.gemms))
+        if kind not in kinds:
+            kinds.append(kind)
+        order.append(kinds.index(kind))
+    total_f, total_b = f_counts.get("Global", 0), b_counts.get("Global", 0)
+    emb, head = parts.embedding, parts.head
+    tied = emb is not None and head is not None and head.weight is emb.weight
+    return ModelProfile(
+        name=name or root, seq_len=seq_len, precision=precision, dim=parts.dim, vocab_size=parts.vocab_size,
+        kinds=tuple(kinds), blocks=tuple(order),
+        embedding_params=sum(p.numel() for p in emb.parameters()) if emb is not None else 0,
+        norm_params=sum(p.numel() for p in parts.norm.parameters()) if parts.norm is not None else 0,
+        head_params=0 if tied else sum(p.numel() for p in head.parameters()),
+        head_split=parts.vocab_parallel, head_forward_flops=total_f - block_f, head_backward_flops=total_b - block_b,
+        first_saved=first.saved, last_saved=last.saved + regions.norm.saved, last_sharded=regions.norm.saved,
+        last_copies=last.copies,
+        params=sum(p.numel() for p in model.parameters()), trace_s=trace_s)
+
+
+def _totals(counter: FlopCounterMode) -> dict[str, float]:
+    return {module: sum(ops.values()) for module, ops in counter.get_flop_counts().items()}
+
+
+def _moe_modules(block: nn.Module) -> list[str]:
+    """Paths (in the block) of the modules whose child holds stacked experts (3-D parameters): a mixture-of-experts
+    FFN, which runs whole on every tensor-parallel rank."""
+    out = []
+    for name, module in block.named_modules():
+        if any(p.dim() == 3 for p in module.parameters(recurse=False)):
+            parent = name.rsplit(".", 1)[0] if "." in name else ""
+            if parent and parent not in out:
+                out.append(parent)
+    return out
