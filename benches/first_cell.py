@@ -48,9 +48,11 @@ FIRST_CELL = textwrap.dedent('''
     t3 = time.monotonic()
     step = b.train(1).wait()[0].step_time_s
     t4 = time.monotonic()
+    from workbench.pool import user_standby
+    prepared = [s.get("preparation") for s in user_standby.running() if s["pid"] == b.pool._zygote.pid]
     print(json.dumps({"import": t1 - t0, "Workbench(2)": t2 - t1, "apply": t3 - t2, "ready": t3 - t0,
                       "train(1)": t4 - t3, "step on the ranks": step, "from": b.pool.ranks_from,
-                      "pool": b.pool.last_start}))
+                      "pool": b.pool.last_start, "preparation": prepared[0] if prepared else None}))
     b.close()
 ''')
 
@@ -185,6 +187,10 @@ def report(result: dict) -> list[tuple[str, str, str]]:
     print("  cold: the pool's start by phase (median): " + ", ".join(
         f"{name} {med([r['pool'][name] for r in runs['cold']]):.3f} s" for name in cold_pool))
     print("  ('spawn' holds the preparation of the process the ranks fork from: torch, the engine, torch._dynamo)")
+    prepared = [r["preparation"] for r in runs["cold"] if r["preparation"]]
+    if prepared:
+        print("  cold: that preparation, in the standby, by part (median): " + ", ".join(
+            f"{name} {med([p[name] for p in prepared]):.3f} s" for name in prepared[0]))
     ever = result["first_ever"]
     print(f"  the very first start on this machine (its CPU peak measured in the first apply): ready "
           f"{ever['ready']:.2f} s (apply {ever['apply']:.2f} s)")

@@ -216,6 +216,19 @@ def _kill(pid: int) -> None:
         pass
 
 
+def _describe(paths: wire.Paths, described: dict) -> None:
+    """Who it is, what it is prepared for, and (once prepared) how long each part of its preparation took."""
+    tmp = paths.description.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(described))
+    os.replace(tmp, paths.description)
+
+
+def _since_exec() -> float:
+    """Seconds since this process started (its interpreter's start and imports included)."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     paths = wire.Paths(Path(sys.argv[1]), sys.argv[2])
     name_process("wb-standby")
@@ -228,9 +241,8 @@ def main() -> None:
     os.dup2(log, 2)
     os.close(log)
     fingerprint = json.loads(os.environ.pop(wire.FINGERPRINT_ENV))
-    tmp = paths.description.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "started": time.time(), "fingerprint": fingerprint}))
-    os.replace(tmp, paths.description)
+    described = {"pid": os.getpid(), "started": time.time(), "fingerprint": fingerprint}
+    _describe(paths, described)
     key = write_key_file(paths.key)
     paths.socket.unlink(missing_ok=True)  # a dead standby's: we hold the lock
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -243,11 +255,16 @@ def main() -> None:
     try:
         from workbench.pool import world
 
-        world.prepare(json.loads(os.environ["WORKBENCH_PREPARE"]), 0, 1)
+        begun = time.monotonic()
+        prepared = world.prepare(json.loads(os.environ["WORKBENCH_PREPARE"]), 0, 1)
     except BaseException:  # noqa: BLE001 - the kernels waiting read why, and fork their ranks elsewhere
         print(f"workbench standby: could not prepare\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         paths.socket.unlink(missing_ok=True)
         os._exit(1)
+    marks = [("torch", begun), *prepared.marks.items()]
+    described["preparation"] = {"interpreter and workbench": _since_exec() - (time.monotonic() - begun),
+                                **{b: t1 - t0 for (_, t0), (b, t1) in zip(marks, marks[1:])}}
+    _describe(paths, described)
     listener.setblocking(False)
     Standby(listener, key, fingerprint, paths, lock).serve()
 
