@@ -36,11 +36,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-# A runtime folder of the bench's own: it empties the machine facts' folder (restart row) and must never take over,
-# or end, the user's standby.
-RUNTIME = tempfile.mkdtemp(prefix="workbench-bench-")
-os.environ["WORKBENCH_RUNTIME_DIR"] = RUNTIME
-
 import cloudpickle  # noqa: E402
 
 REPEATS = 3
@@ -238,6 +233,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # A runtime folder of the bench's own (set here, not at import: spawned helpers import this module again):
+    # it empties the machine facts' folder (restart row) and must never take over, or end, the user's standby.
+    RUNTIME = tempfile.mkdtemp(prefix="workbench-bench-")
+    os.environ["WORKBENCH_RUNTIME_DIR"] = RUNTIME
     try:
         main()
     finally:

@@ -29,10 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-# A runtime folder of the bench's own: it never takes over the user's standby (workbench/pool/user_standby.py).
-RUNTIME = tempfile.mkdtemp(prefix="workbench-bench-")
-os.environ["WORKBENCH_RUNTIME_DIR"] = RUNTIME
-
 import cloudpickle  # noqa: E402
 import ddp_loop  # noqa: E402
 import peers  # noqa: E402
@@ -248,6 +244,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # A runtime folder of the bench's own (set here, not at import: spawned helpers import this module again):
+    # it never takes over the user's standby (workbench/pool/user_standby.py).
+    RUNTIME = tempfile.mkdtemp(prefix="workbench-bench-")
+    os.environ["WORKBENCH_RUNTIME_DIR"] = RUNTIME
     try:
         main()
     finally:
