@@ -75,8 +75,11 @@ def _wait(condition, timeout_s: float) -> bool:
     return True
 
 
+SECRET_VARIABLE = "WB_TEST_A_KERNELS_OWN_TOKEN"
+
+
 def _driver(folder: str, hold: str, *preload: str, idle_s: float = 60) -> subprocess.Popen:
-    env = {**os.environ, runtime_dir.ENV: folder, "WORKBENCH_STANDBY_IDLE_S": str(idle_s)}
+    env = {**os.environ, runtime_dir.ENV: folder, "WORKBENCH_STANDBY_IDLE_S": str(idle_s), SECRET_VARIABLE: "x"}
     driver = subprocess.Popen([sys.executable, "-m", "tests.pool.standby_driver", hold, *preload], cwd=ROOT,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     driver.lines = queue.Queue()  # read by a thread: a buffered readline may hold a second line select cannot see
@@ -122,6 +125,9 @@ def test_the_next_kernel_forks_from_the_standby_and_finds_nothing_of_the_last(fo
     process = psutil.Process(standby)
     inet = getattr(process, "net_connections", getattr(process, "connections", None))("inet")
     assert inet == []
+    # It keeps nothing of the kernel that started it beyond what preparing depends on: not its other variables.
+    assert SECRET_VARIABLE not in process.environ() and "PATH" in process.environ()
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in Path(folder).glob("standby-*.*"))
 
     second_driver = _driver(folder, "close")
     second = _said(second_driver)
@@ -249,8 +255,10 @@ def test_a_fingerprint_holds_what_the_prepared_state_depends_on_and_says_what_di
     prepare = {"device": "cpu", "preload": [], "backend_setup": None, "threads": 1, "private_dir": "/x"}
     base = user_standby.fingerprint({"HOME": "/a", "TERM": "xterm"}, prepare)
     # What a rank gets after the fork (its threads, its pool's folder, unrelated variables) makes no difference.
-    assert user_standby.fingerprint({"HOME": "/b"}, {**prepare, "threads": 4, "private_dir": "/y"}) == base
-    tuned = user_standby.fingerprint({"OMP_SCHEDULE": "static", "TORCH_LOGS": "+dynamo"}, prepare)
+    assert user_standby.fingerprint({"HOME": "/a", "JPY_SESSION_NAME": "x.ipynb"},
+                                    {**prepare, "threads": 4, "private_dir": "/y"}) == base
+    assert user_standby.fingerprint({"HOME": "/b"}, prepare) != base  # caches live under it
+    tuned = user_standby.fingerprint({"HOME": "/a", "OMP_SCHEDULE": "static", "TORCH_LOGS": "+dynamo"}, prepare)
     assert tuned != base
     other = {**base, "torch": "2.0.0", "prepare": {**base["prepare"], "device": "auto"}}
     said = user_standby._differences(other, base)

@@ -219,7 +219,9 @@ def _kill(pid: int) -> None:
 def _describe(paths: wire.Paths, described: dict) -> None:
     """Who it is, what it is prepared for, and (once prepared) how long each part of its preparation took."""
     tmp = paths.description.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(described))
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(json.dumps(described))
     os.replace(tmp, paths.description)
 
 

@@ -40,9 +40,13 @@ START_S = 10.0
 WELCOME_S = 300.0
 """How long a kernel waits for a standby's welcome (it answers once prepared: a cold start's worth)."""
 ENV_THAT_MATTERS = ("PYTHON", "LD_", "TORCH", "OMP_", "MKL", "KMP_", "GOMP_", "OPENBLAS", "CUDA", "NVIDIA", "NCCL_",
-                    "GLOO_", "WORKBENCH_", "VIRTUAL_ENV", "CONDA_PREFIX")
-"""Environment variables read while a standby prepares (Python's and torch's at import, ours): one that differs
-makes another standby. The others are the rank's own: a forked rank's environment is its kernel's."""
+                    "GLOO_", "WORKBENCH_", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "XDG_CACHE_HOME", "TMPDIR")
+"""Environment variables read while a standby prepares (Python's and torch's at import, ours, where caches are):
+one that differs makes another standby. The others are the rank's own: a forked rank's environment is its
+kernel's."""
+ALSO_GIVEN = ("PATH", "USER", "LOGNAME", "LANG", "LC_", "XDG_RUNTIME_DIR")
+"""What a standby gets of the first kernel's environment besides ENV_THAT_MATTERS, and nothing else: it outlives
+that kernel, and keeps none of its variables (tokens, a session's settings) for the kernels after it."""
 SOCKET_PATH_BYTES = 108
 """What a Unix socket's path may hold on Linux (sun_path), its final NUL included."""
 NOT_PREPARED_BY = ("WORKBENCH_RUNTIME_DIR", "WORKBENCH_STANDBY_IDLE_S")
@@ -170,7 +174,8 @@ def _connect(path: Path) -> socket.socket | None:
 def _start(paths: wire.Paths, env: dict[str, str], prepare: dict, mine: dict) -> None:
     """Start a standby in a session of its own (the kernel's process group may be signalled as it ends); if one
     starts at the same moment for the same name, one of them takes the lock and the other exits."""
-    env = {**zygote_environment(env, prepare), wire.FINGERPRINT_ENV: json.dumps(mine)}
+    own = {k: v for k, v in env.items() if k.startswith(ENV_THAT_MATTERS + ALSO_GIVEN)}
+    env = {**zygote_environment(own, prepare), wire.FINGERPRINT_ENV: json.dumps(mine)}
     proc = subprocess.Popen([sys.executable, "-m", "workbench.pool.standby_process", str(paths.folder), paths.name],
                             env=env, cwd=paths.folder, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
