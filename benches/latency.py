@@ -4,11 +4,10 @@ Every row of the table is printed beside its goal, as medians of several
 runs, with the phases that make it up and the baseline it is compared with
 measured in the same run:
 
-- `Workbench(2)` until ready, cold, in a fresh interpreter (what a notebook's
-  first cell pays): `import workbench`, then the pool's start by phase
-  (spawn, torch, backend, preload, warm, connect, join) and the first command;
-  and in a later cell, once the zygote `import workbench` starts in a kernel
-  has prepared (the ranks are forked from it);
+- the first cell, `import workbench as wb; b = wb.Workbench(2); b.apply(wb.Config(dp=2))`, in fresh
+  interpreters, cold and with a standby an earlier kernel left, alternated, and the first `train(1)`
+  (benches/first_cell.py, its own runtime folder): the pool's start by phase and the first apply by part on the
+  ranks (imports, mesh, data, model build, layout, optimizer, telemetry attach);
 - `apply(tp=2)` on a trained `tiny` model (reshard, state kept), by phase on
   the ranks (mesh, state export, data, model build, layout, optimizer,
   telemetry attach, state import, barrier) and its first step;
@@ -18,72 +17,33 @@ measured in the same run:
   the method, and the recording backend's cost apart (benches/telemetry.py);
 - a steady dp=2 step through the workbench / the same loop under torchrun.
 
-    .venv/bin/python benches/latency.py            # about 3 minutes on 2 quiet cores
+    .venv/bin/python benches/latency.py            # about 4 minutes on 2 quiet cores
     .venv/bin/python benches/latency.py --rows start,restart   # only those rows (a before/after of one change)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import textwrap
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-
 import cloudpickle  # noqa: E402
 
 REPEATS = 3
 STEPS = 20
-ROOT = Path(__file__).resolve().parents[1]
-
-COLD_START = textwrap.dedent('''
-    import json, time
-    t0 = time.monotonic()
-    import workbench as wb
-    t1 = time.monotonic()
-    bench = wb.Workbench(2, standby=False)
-    t2 = time.monotonic()
-    print(json.dumps({"import": t1 - t0, "ready": t2 - t1, "total": t2 - t0, "phases": bench.pool.last_start}))
-    bench.close()
-''')
-
-
-LATER_CELL = textwrap.dedent('''
-    import json, time
-    import workbench as wb
-    from workbench.pool import zygote
-    from workbench.rank_session import prepare_ahead
-    t0 = time.monotonic()
-    prepare_ahead()  # what `import workbench` does in a notebook kernel
-    while not all(z.prepared for z in zygote._zygotes.values()):
-        time.sleep(0.05)
-    t1 = time.monotonic()
-    bench = wb.Workbench(2, standby=False)
-    t2 = time.monotonic()
-    print(json.dumps({"prepared": t1 - t0, "ready": t2 - t1}))
-    bench.close()
-''')
 
 
 def med(values):
     return statistics.median(values)
-
-
-def cold_start(script: str = COLD_START) -> list[dict]:
-    runs = []
-    for _ in range(REPEATS):
-        out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return runs
 
 
 # -- on the ranks: apply(tp=2) by phase ------------------------------------------------------------------
@@ -151,13 +111,13 @@ def apply_phases(bench, wb) -> tuple[list[float], list[dict], list[float], list[
 # -- restart ---------------------------------------------------------------------------------------------
 def restart_times(wb, standby: bool) -> tuple[dict[str, list[float]], list[dict], object]:
     """restart() after a SIGKILL until the model is back. With the standby, restarts alternate between the pool
-    as it is (fresh ranks read what the first ones measured about the machine, `pool.rank.machine_fact`) and
+    as it is (fresh ranks read what the first ones measured about the machine, `workbench.machine.machine_fact`) and
     the baseline of measuring again (the facts' folder emptied first): both in the same conditions."""
     totals: dict[str, list[float]] = {"kept": [], "measured again": []}
     phases = []
     with wb.Workbench(2, standby=standby) as bench:
         bench.apply(wb.Config(dp=2))
-        facts = os.path.join(bench.pool._private_dir, "machine")
+        facts = bench.pool._facts  # the bench's own runtime folder's (main)
         for i in range(2 * REPEATS if standby else 1):
             kind = "kept" if i % 2 == 0 else "measured again"
             bench.train(2).wait()
@@ -216,6 +176,7 @@ def main() -> None:
         p.error(f"--rows: unknown {sorted(unknown)}; choose from {', '.join(ROWS)}")
 
     import engine  # benches/engine.py: the plain torchrun loop
+    import first_cell  # benches/first_cell.py: the first cell in fresh interpreters, cold and with a standby
     import telemetry  # benches/telemetry.py: the probe toggled on one pool, the recording backend replayed
 
     import workbench as wb
@@ -225,21 +186,7 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {__import__('torch').__version__}")
     rows = []
     if "start" in wanted:
-        cold = cold_start()
-        total = med([r["total"] for r in cold])
-        rows.append(("Workbench(2) until ready, cold (fresh interpreter)", f"{total:.2f} s", "≤ 2 s"))
-        print("\nphases of the cold start (median of runs; the slowest rank per phase):")
-        print(f"  {'import workbench (notebook)':34s} {med([r['import'] for r in cold]):.3f} s")
-        for name in cold[0]["phases"]:
-            print(f"  {'pool: ' + name:34s} {med([r['phases'][name] for r in cold]):.3f} s")
-        print(f"  {'Workbench(2) (pool + capabilities)':34s} {med([r['ready'] for r in cold]):.3f} s")
-        print("  (ranks forked from a zygote: 'spawn' holds its preparation, torch to warm, which the forks skip)")
-        print("  each run, total / pool phases summed: "
-              + ", ".join(f"{r['total']:.2f} / {sum(r['phases'].values()):.2f} s" for r in cold))
-        later = cold_start(LATER_CELL)
-        ready = med([r["ready"] for r in later])
-        rows.append(("Workbench(2) in a later cell (ranks prepared at import)", f"{ready:.2f} s "
-                     f"(the zygote prepared in {med([r['prepared'] for r in later]):.2f} s)", "≤ 2 s"))
+        rows += first_cell.report(first_cell.measure())
     if "apply" in wanted:
         with wb.Workbench(2) as bench:
             driver, ranks, first, steady_after = apply_phases(bench, wb)
@@ -286,4 +233,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # A runtime folder of the bench's own (set here, not at import: spawned helpers import this module again):
+    # it empties the machine facts' folder (restart row) and must never take over, or end, the user's standby.
+    RUNTIME = tempfile.mkdtemp(prefix="workbench-bench-")
+    os.environ["WORKBENCH_RUNTIME_DIR"] = RUNTIME
+    try:
+        main()
+    finally:
+        shutil.rmtree(RUNTIME, ignore_errors=True)

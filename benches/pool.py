@@ -1,20 +1,27 @@
-"""The persistent pool against the usual ways to run distributed code from a notebook.
+"""The persistent pool against the other ways to run distributed code from a notebook, same loop, same machine.
 
 Prints, from one run on this machine: the no-op round trip to all ranks, and a
-10-step DDP loop of a small model run (a) through the pool (model kept on the
-ranks), (b) with accelerate's notebook_launcher (state lost every call), (c) as
-a whole torchrun job — as seconds and as ratios to (a).
+10-step DDP loop of a small model (benches/ddp_loop.py) run (a) through the pool
+(model kept on the ranks), beside the peers that also keep ranks between cells
+(benches/peers.py: nbdistributed, Monarch; each in a fresh interpreter of its
+own), (b) accelerate's notebook_launcher (state lost every call), (c) a whole
+torchrun job; how soon the ranks are ready (cold, and from a standby an earlier
+kernel left); and a table of them all as seconds and as ratios to the pool.
+A peer that is not installed is skipped, saying so: `pip install -e ".[peers]"`.
 
-    .venv/bin/python benches/pool.py
+    .venv/bin/python benches/pool.py          # about 2 minutes on 2 quiet cores
 """
 
 from __future__ import annotations
 
 import os
+import json
 import pickle
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +31,7 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import cloudpickle  # noqa: E402
 import ddp_loop  # noqa: E402
+import peers  # noqa: E402
 
 cloudpickle.register_pickle_by_value(ddp_loop)  # ranks cannot import benches/: send its functions by value
 
@@ -122,7 +130,8 @@ def bench_pool(check_collectives: bool):
     import workbench as wb
 
     t = time.perf_counter()
-    with wb.Pool(2, device="cpu", check_collectives=check_collectives) as pool:
+    # A zygote of this process's own (no standby): a cold start, as the first kernel on a machine pays.
+    with wb.Pool(2, device="cpu", check_collectives=check_collectives, standby=False) as pool:
         cold = time.perf_counter() - t
         for _ in range(50):
             pool.run(int)
@@ -143,16 +152,61 @@ def bench_pool(check_collectives: bool):
     return cold, rtts, first, warm
 
 
+STANDBY_READY = """
+import json, time
+import workbench as wb
+t = time.perf_counter()
+pool = wb.Pool(2, device="cpu")
+print(json.dumps({"ready": time.perf_counter() - t, "from": pool.ranks_from}))
+pool.close()
+"""
+
+
+def bench_standby_ready() -> tuple[float, str]:
+    """Pool(2) ready in a fresh interpreter when an earlier one (an earlier kernel) left its standby."""
+    runs = []
+    for _ in range(REPEATS + 1):  # the first one starts the standby
+        out = subprocess.run([sys.executable, "-c", STANDBY_READY], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    subprocess.run([sys.executable, "-m", "workbench.pool.user_standby", "--stop"], capture_output=True, check=True)
+    return median([r["ready"] for r in runs[1:]]), runs[-1]["from"]
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.1f}×" if value >= 0.95 * base else f"{base / value:.1f}× less"
+
+
+def table(rows: list[tuple[str, float | None, float | None, float | None]]) -> None:
+    """Ready (s), no-op (ms), 10 steps (s) per row, each with its ratio to the first row's (the pool's)."""
+    units = ("s", "ms", "s")
+    print(f"\n{'':62s} {'ranks ready':>20s} {'no-op to all ranks':>22s} {'10 DDP steps, model kept':>26s}")
+    for name, *values in rows:
+        cells = ["—" if v is None else f"{v:.3f} {unit} ({_ratio(v, base)})"
+                 for v, base, unit in zip(values, rows[0][1:], units)]
+        print(f"{name:62s} {cells[0]:>20s} {cells[1]:>22s} {cells[2]:>26s}")
+
+
 def main() -> None:
-    print(f"machine: {os.cpu_count()} cores; torch {__import__('torch').__version__}")
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {__import__('torch').__version__}; "
+          f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
     pipe = bench_pipe_prototype(signed=False)
     pipe_signed = bench_pipe_prototype(signed=True)
     launcher = bench_launcher()
     torchrun = bench_torchrun()
     cold, rtts, first, warm = bench_pool(check_collectives=True)
     _, rtts_fast, _, warm_fast = bench_pool(check_collectives=False)
+    standby_ready, standby_from = bench_standby_ready()
+    others = {}
+    for peer in peers.PEERS:
+        if not peers.installed(peer):
+            print(f"{peer}: not installed, skipped (pip install -e \".[peers]\")")
+            continue
+        others[peer] = peers.measure(peer)
+        if "error" in others[peer]:
+            print(f"{peer}: failed, skipped:\n{others[peer]['error']}")
     a = median(warm)
-    print(f"pool start (2 ranks, cold):                 {cold:.2f} s")
+    print(f"pool start (2 ranks, cold):                 {cold:.2f} s; from a standby an earlier interpreter left: "
+          f"{standby_ready:.2f} s ({standby_from})")
     print(f"no-op round trip, pipe prototype:           median {median(pipe) * 1e3:.3f} ms, p95 {p95(pipe) * 1e3:.3f} ms")
     print(f"no-op round trip, pipe prototype, signed:   median {median(pipe_signed) * 1e3:.3f} ms, "
           f"p95 {p95(pipe_signed) * 1e3:.3f} ms")
@@ -165,7 +219,36 @@ def main() -> None:
           f" unchecked: {median(warm_fast):.3f} s]")
     print(f"(b) accelerate notebook_launcher per call:   {median(launcher):.3f} s  ({median(launcher) / a:.0f}×)")
     print(f"(c) torchrun whole job:                      {median(torchrun):.3f} s  ({median(torchrun) / a:.0f}×)")
+    rows = [("workbench Pool(2), cold", cold, median(rtts) * 1e3, a),
+            ("workbench Pool(2), a standby from an earlier kernel", standby_ready, None, None)]
+    nbd = others.get("nbdistributed", {})
+    if "ready_s" in nbd:
+        rows.append((f"nbdistributed {nbd['version']} (%dist_init -n 2, %%distributed)", nbd["ready_s"],
+                     nbd["noop_ms"], nbd["steps_s"]))
+    mon = others.get("monarch", {})
+    if "ready_s" in mon:
+        rows.append((f"Monarch (torchmonarch {mon['version']}, spawn_procs, actor endpoints)", mon["ready_s"],
+                     mon["noop_ms"], mon["steps_s"]))
+    rows += [("accelerate notebook_launcher (state lost each call)", None, None, median(launcher)),
+             ("torchrun whole job", None, None, median(torchrun))]
+    table(rows)
+    if "ready_s" in mon:
+        print(f"  Monarch's procs import torch at the first call that needs it: its first DDP build took "
+              f"{mon['first_build_s']:.2f} s (the pool's ranks come prepared: its first build took {first:.2f} s)")
+    if "ready_s" in nbd:
+        print(f"\nnbdistributed, measured while it ran (ss -ltnp): listening on " + "; ".join(nbd["listening"]))
+        print(f"  a pickle sent to the notebook's port by another process holding no key was unpickled there: "
+              f"{'yes' if nbd['unpickled_unauthenticated'] else 'no'}")
+        print(f"  workers still running 2 s after %dist_shutdown: {nbd['workers_left_after_dist_shutdown']} of 2 "
+              f"(ended here by pid)")
 
 
 if __name__ == "__main__":
-    main()
+    # A runtime folder of the bench's own (set here, not at import: spawned helpers import this module again):
+    # it never takes over the user's standby (workbench/pool/user_standby.py).
+    RUNTIME = tempfile.mkdtemp(prefix="workbench-bench-")
+    os.environ["WORKBENCH_RUNTIME_DIR"] = RUNTIME
+    try:
+        main()
+    finally:
+        shutil.rmtree(RUNTIME, ignore_errors=True)

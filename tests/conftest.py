@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -11,6 +13,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test downloads anything (mode
 # No warm standby for the pools tests make (each would prepare a second set of ranks on 2 busy cores); the tests
 # of restart and recovery, and the shared 2-rank pool that tests break and restart, ask for one.
 os.environ.setdefault("WORKBENCH_STANDBY", "0")
+# A runtime folder of the test run's own (workbench/pool/runtime_dir.py): its ranks never take over the user's
+# standby nor read the user's machine facts, and the user's kernels never take over a standby a test started.
+# Removed at the end of the run; a standby still running there then sees its socket gone and exits.
+_RUNTIME = tempfile.mkdtemp(prefix="workbench-tests-")
+os.environ["WORKBENCH_RUNTIME_DIR"] = _RUNTIME
+# A standby a killed test run leaves behind exits a minute after its last pool, not half an hour.
+os.environ.setdefault("WORKBENCH_STANDBY_IDLE_S", "60")
 
 
 def _cuda_available() -> bool:
@@ -79,3 +88,7 @@ def pool(_session_pool):
 def pool4(_session_pool4):
     """Four CPU ranks (dp×tp, dp×pp layouts), shared by the whole session, healthy at the start of every test."""
     return _healthy(_session_pool4)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_RUNTIME, ignore_errors=True)

@@ -303,8 +303,8 @@ def measure_cpu(budget_s: float = 0.3, threads: int | None = None) -> Hardware:
     precision and copy bandwidth, measured.
 
     Each precision gets about `budget_s` seconds; the peak is the best rate over square matmuls of growing size.
-    Measured once per process and thread count; on a pool's ranks once per pool: a restarted rank reuses it
-    (`machine.machine_fact`).
+    Measured once per process and thread count; on local ranks once per machine: a restarted rank, and the ranks
+    of the user's next pools and kernels, reuse it (`machine.machine_fact`).
     """
     import torch
 

@@ -11,9 +11,13 @@ refused unless the user says otherwise.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import platform
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,21 +78,26 @@ def threads_per_rank(local_ranks: int) -> int:
 
 
 MACHINE_FACTS = "WORKBENCH_MACHINE_FACTS"
-"""The environment variable naming the folder, private to a local pool, where its ranks keep `machine_fact`s."""
+"""The environment variable naming the folder where local ranks keep `machine_fact`s: the user's runtime folder
+(`pool.runtime_dir`), shared by every pool and kernel of the user, or a pool's private folder where that is
+unusable."""
 
 
 def machine_fact(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """What `measure()` finds out about this machine (a JSON-able dict), measured once per pool.
+    """What `measure()` finds out about this machine (a JSON-able dict), measured once per machine.
 
-    The first ranks of a pool measure; ranks of its later sessions (a restart, the warm standby) read their
-    answer instead of measuring again, so a restart does not pay for it (a CPU's matmul peak takes about a
-    second) and every session of a pool divides by the same figure. Kept as JSON in the pool's private folder
-    (never unpickled); measured at each call where there is no such folder (the notebook, remote ranks).
+    The first rank that needs it measures; every later rank, of this pool or of a pool of another kernel of the
+    user, reads the answer instead of measuring again, so neither a restart nor a notebook's first apply pays for it
+    (a CPU's matmul peak takes about a second) and every session divides by the same figure. Kept as JSON (never
+    unpickled) under the machine's identity (`machine_identity`: CPU, cores, Python, torch), in the folder
+    $WORKBENCH_MACHINE_FACTS names, until that folder is emptied (the user's runtime folder is at logout or reboot;
+    remove its `machine` folder to measure again); measured at each call where there is no folder (the notebook,
+    remote ranks).
     """
     folder = os.environ.get(MACHINE_FACTS)
     if not folder:
         return measure()
-    path = os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
+    path = os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]", "_", f"{name}-{machine_identity()}") + ".json")
     try:
         with open(path) as f:
             return json.load(f)
@@ -100,3 +109,18 @@ def machine_fact(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, 
         json.dump(value, f)
     os.replace(tmp, path)  # ranks measuring at once each write a whole file; the last one stays
     return value
+
+
+@functools.cache
+def machine_identity() -> str:
+    """A short hash of what a measurement of this machine depends on: the CPU model, the cores this process may
+    use, the host, Python and torch (if imported). A fact measured under another identity is measured again."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        cpu = platform.processor()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch = sys.modules.get("torch")
+    what = [cpu, cores, os.cpu_count(), platform.node(), sys.version, getattr(torch, "__version__", "")]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:12]

@@ -20,8 +20,9 @@ RECORDING_BACKEND = "workbench.telemetry.comm:register"
 
 def prepare_ahead() -> bool:
     """Start preparing a Workbench's local ranks now (its default pool: telemetry on), so that a Workbench made in a
-    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs). `import
-    workbench` does this in a notebook kernel; $WORKBENCH_ZYGOTE=0 turns it off."""
+    later cell forks them at once instead of waiting for torch and the engine to import (`Pool` docs): the user's
+    standby, taken over from an earlier kernel when one runs. `import workbench` does this in a notebook kernel;
+    $WORKBENCH_ZYGOTE=0 turns it off ($WORKBENCH_STANDBY=0 keeps it to this kernel)."""
     from workbench.pool.pool import prepare_ahead as prepare_pool
 
     return prepare_pool(preload=(SESSION_MODULE,), backend_setup=RECORDING_BACKEND)

@@ -43,6 +43,12 @@ class Workbench:
     backend, memory by category, MFU; a dense layout's activations on sampled steps, each step saying which one
     measured them: StepMetrics.activations_step); False runs plain gloo/NCCL and reports losses and times only.
     Other keyword arguments go to `Pool` (device, timeout_s, check_collectives, ...).
+    standby: CPU ranks are forked by the user's standby, a prepared process that outlives this kernel, so that the
+    next kernel's first Workbench starts at once too (workbench/pool/user_standby.py; `pool.ranks_from` says where
+    they came from); False keeps them to a process of this kernel's own, which ends with it.
+    standby: CPU ranks are forked by the user's standby, a prepared process that outlives this kernel, so that the
+    next kernel's first Workbench starts at once too (workbench/pool/user_standby.py; `pool.ranks_from` says where
+    they came from); False keeps them to a process of this kernel's own, which ends with it.
     pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
     ranks (a `RankSession` over `pool` when None).
     cluster: the cluster this Workbench stands for (`wb.Cluster(...)` or a preset name such as "h100-ib"):

@@ -1,10 +1,11 @@
-"""What a pool's ranks measure about the machine is measured once per pool: restarted ranks read it."""
+"""What ranks measure about the machine is measured once per machine: restarted ranks, and the ranks of the next
+pool or kernel of the user, read it."""
 
 from __future__ import annotations
 
 import os
 
-from workbench.pool import rank
+from workbench import machine
 
 
 def _cpu_peaks(budget_s: float) -> tuple[dict, int]:
@@ -30,10 +31,29 @@ def test_without_a_pool_folder_a_fact_is_measured_at_each_call(monkeypatch, tmp_
         calls.append(1)
         return {"n": len(calls)}
 
-    monkeypatch.delenv(rank.MACHINE_FACTS, raising=False)
-    assert [rank.machine_fact("x", measure)["n"] for _ in range(2)] == [1, 2]
-    monkeypatch.setenv(rank.MACHINE_FACTS, str(tmp_path))
-    assert [rank.machine_fact("x y/z", measure)["n"] for _ in range(2)] == [3, 3]
-    assert [p.name for p in tmp_path.iterdir()] == ["x_y_z.json"]
-    (tmp_path / "x_y_z.json").write_text("{half")  # a rank that died while writing: measured again
-    assert rank.machine_fact("x y/z", measure)["n"] == 4
+    monkeypatch.delenv(machine.MACHINE_FACTS, raising=False)
+    assert [machine.machine_fact("x", measure)["n"] for _ in range(2)] == [1, 2]
+    monkeypatch.setenv(machine.MACHINE_FACTS, str(tmp_path))
+    assert [machine.machine_fact("x y/z", measure)["n"] for _ in range(2)] == [3, 3]
+    # Kept under the machine's identity: measured again on another CPU, or with another torch.
+    assert [p.name for p in tmp_path.iterdir()] == [f"x_y_z-{machine.machine_identity()}.json"]
+    (tmp_path / f"x_y_z-{machine.machine_identity()}.json").write_text("{half")  # a rank that died while writing
+    assert machine.machine_fact("x y/z", measure)["n"] == 4
+
+
+def _fact(name: str) -> tuple[dict, int]:
+    return machine.machine_fact(name, lambda: {"pid": os.getpid()}), os.getpid()
+
+
+def test_the_next_pool_reads_what_an_earlier_pool_measured():
+    """A notebook's first apply does not measure the CPU again: the user's earlier pools did (the folder is the
+    user's runtime folder, private to this test run)."""
+    import workbench as wb
+
+    name = f"test-next-pool-{os.getpid()}"
+    with wb.Pool(2, device="cpu", standby=False) as first:
+        measured = first.run(_fact, name)
+    with wb.Pool(2, device="cpu", standby=False) as second:
+        read = second.run(_fact, name)
+    assert {pid for _, pid in read}.isdisjoint(pid for _, pid in measured)
+    assert {f["pid"] for f, _ in read} <= {pid for _, pid in measured}, "read, not measured again"

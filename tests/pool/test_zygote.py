@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import workbench as wb
-from workbench.pool import zygote
+from workbench.pool import zygote, zygotes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,7 +77,7 @@ def test_a_forked_rank_starts_where_the_notebook_is_now(tmp_path, monkeypatch):
 
 
 def test_the_zygote_ends_after_its_last_pool_and_leaves_nothing_running(monkeypatch):
-    monkeypatch.setattr(zygote, "LINGER_S", 0.5)
+    monkeypatch.setattr(zygotes, "LINGER_S", 0.5)
     # Preloading a module no other test's pool preloads: a zygote of its own, not one shared with the session.
     pool = wb.Pool(2, device="cpu", standby=False, preload=("json",))
     try:
@@ -91,4 +91,4 @@ def test_the_zygote_ends_after_its_last_pool_and_leaves_nothing_running(monkeypa
     assert _gone(ranks), "a rank outlived its pool"
     assert _gone([forks.proc.pid]), "the zygote outlived its linger"
     assert not os.path.exists(private)
-    assert forks not in zygote._zygotes.values()
+    assert forks not in zygotes._zygotes.values()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -19,7 +20,7 @@ import weakref
 from typing import Any, Callable, Literal
 
 from workbench.machine import MACHINE_FACTS, threads_per_rank as shared_threads
-from workbench.pool import launch, private_dir, protocol, zygote
+from workbench.pool import launch, private_dir, protocol, runtime_dir, zygote, zygotes
 from workbench.pool.commands import Command, Handle
 from workbench.pool.errors import PoolError
 from workbench.pool.health import HEARTBEAT_S, Explain, Limits
@@ -27,6 +28,8 @@ from workbench.pool.lifecycle import LocalRanks, Standby, StandbyInfo, rank_envi
 from workbench.pool.private_dir import DRIVER_PID
 from workbench.pool.transport import Transport
 from workbench.pool.world import PREPARE_KEYS
+
+log = logging.getLogger("workbench.pool")
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -70,7 +73,12 @@ class Pool:
     one more set of idle ranks (`pool.standby` shows it), so False turns it
     off on tight machines (None: on where ranks are spawned, unless
     $WORKBENCH_STANDBY is 0; off where they are forked from a zygote,
-    `workbench.pool.zygote`, since a fork starts as fast as a standby).
+    `workbench.pool.zygote`, since a fork starts as fast as a standby). Where
+    ranks are forked, standby also means the user's standby
+    (`workbench.pool.user_standby`): the process they are forked from
+    outlives this kernel, so the next kernel's first pool forks at once too;
+    False keeps them to a zygote of this process's own (None: on unless
+    $WORKBENCH_STANDBY is 0). `pool.ranks_from` says which.
     """
 
     def __init__(self, world_size: int, *, device: Device = "auto", timeout_s: float = 300.0,
@@ -110,18 +118,20 @@ class Pool:
                                     explain)
         # Local ranks get what to prepare and the environment at spawn (torch reads it when imported), so a
         # standby can prepare before its session exists. Loopback only: gloo and NCCL never listen elsewhere.
-        # What the ranks measure about the machine is kept for the pool's later ranks (rank.machine_fact).
-        facts = os.path.join(self._private_dir, "machine")
-        os.mkdir(facts, 0o700)
-        rank_env, prepare = _local_rank_setup(self._settings_base, threads, env, facts, self._private_dir)
-        # CPU ranks fork from a zygote that holds what they import (shared by this process's pools): a restart,
-        # the standby and the next pool start in a tenth of a second instead of a cold start.
-        self._zygote = zygote.acquire(rank_env, prepare) if not external and zygote.usable(device) else None
+        # What the ranks measure about the machine is kept for every later rank of the user (machine.machine_fact).
+        self._facts = _facts_folder(self._private_dir)
+        rank_env, prepare = _local_rank_setup(self._settings_base, threads, env, self._facts, self._private_dir)
+        # CPU ranks fork from a zygote that holds what they import: the user's standby, which outlives this
+        # process (the next kernel forks at once too), or one of this process's own (shared by its pools). A
+        # restart and the next pool start in a tenth of a second instead of a cold start.
+        wanted = os.environ.get("WORKBENCH_STANDBY", "1") != "0" if standby is None else standby
+        self._zygote = (zygotes.acquire(rank_env, prepare, standby=wanted)
+                        if not external and zygotes.usable(device) else None)
         spawn = functools.partial(LocalRanks, self._transport.address, self.key_file, world_size, rank_env,
                                   self._transport.on_output, zygote=self._zygote, fork_timeout_s=start_timeout_s)
-        if standby is None:  # forked ranks start as fast as a standby's would: no idle set to keep then
-            standby = os.environ.get("WORKBENCH_STANDBY", "1") != "0" and self._zygote is None
-        self._standby = Standby(spawn, enabled=standby and not external)
+        # Forked ranks start as fast as a standby set's would: none is kept for them unless asked for.
+        cohort = standby if standby is not None else wanted and self._zygote is None
+        self._standby = Standby(spawn, enabled=cohort and not external)
         self._finalizer = weakref.finalize(self, _cleanup, self._transport, self._standby, self._private_dir,
                                            self._zygote)
         self.last_start: dict[str, float] = {}
@@ -150,6 +160,16 @@ class Pool:
         self.wait_ready(self.start_timeout_s)
         self.last_start = start_phases(ranks, t.ranks)
         self._standby.refill()
+
+    @property
+    def ranks_from(self) -> str:
+        """Where local ranks come from: the user's standby (and, if it was started now, why the running one did
+        not fit), this process's zygote, or fresh interpreters."""
+        if self.external:
+            return "ranks started elsewhere (external)"
+        if self._zygote is None or not self._zygote.alive:
+            return "spawned interpreters"
+        return f"forked by {self._zygote.origin}"
 
     @property
     def standby(self) -> StandbyInfo:
@@ -316,6 +336,17 @@ def start_phases(ranks: LocalRanks, states: dict) -> dict[str, float]:
     return {name: max(values) for name, values in phases.items()}
 
 
+def _facts_folder(private: str) -> str:
+    """The user's folder of machine facts (`runtime_dir`), or this pool's own where that one is unusable."""
+    try:
+        return str(runtime_dir.ensure("machine"))
+    except (OSError, runtime_dir.RuntimeDirError) as e:
+        log.warning("workbench pool: machine facts kept for this pool only (%s)", e)
+        facts = os.path.join(private, "machine")
+        os.mkdir(facts, 0o700)
+        return facts
+
+
 def _local_rank_setup(settings: dict[str, Any], threads: int, env: dict[str, str] | None, facts: str,
                       folder: str) -> tuple[dict[str, str], dict[str, Any]]:
     """A local rank's environment and what it prepares (`world.prepare`), for a pool with these settings."""
@@ -326,15 +357,17 @@ def _local_rank_setup(settings: dict[str, Any], threads: int, env: dict[str, str
 
 
 def prepare_ahead(*, device: Device = "auto", preload: tuple[str, ...] = (), backend_setup: str | None = None,
-                  env: dict[str, str] | None = None) -> bool:
+                  env: dict[str, str] | None = None, standby: bool | None = None) -> bool:
     """Start preparing local ranks before a pool asks for them, as `Pool(n, device=, preload=, backend_setup=,
-    env=)` prepares them: a zygote that later forks them at once (`workbench.pool.zygote`). It ends
-    `zygote.LINGER_S` after this call unless a pool takes it. False where ranks are not forked (CUDA, or
+    env=, standby=)` prepares them: a zygote that later forks them at once (`workbench.pool.zygote`); with the
+    standby (as Pool's), the user's standby, taken over if one runs. This process lets go of it
+    `zygotes.LINGER_S` after this call unless a pool takes it. False where ranks are not forked (CUDA, or
     $WORKBENCH_ZYGOTE=0)."""
-    if not zygote.usable(device):
+    if not zygotes.usable(device):
         return False
+    wanted = os.environ.get("WORKBENCH_STANDBY", "1") != "0" if standby is None else standby
     settings = {"device": device, "threads": None, "preload": list(preload), "backend_setup": backend_setup}
-    zygote.release(zygote.acquire(*_local_rank_setup(settings, 1, env, "", "")))
+    zygotes.release(zygotes.acquire(*_local_rank_setup(settings, 1, env, "", ""), standby=wanted))
     return True
 
 
@@ -343,4 +376,4 @@ def _cleanup(transport: Transport, standby: Standby, folder: str, forks: "zygote
     transport.close()
     shutil.rmtree(folder, ignore_errors=True)
     if forks is not None:
-        zygote.release(forks)
+        zygotes.release(forks)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# What a rank measures about the machine, kept once per pool: part of what code on a rank can use.
+# What a rank measures about the machine, kept once per machine: part of what code on a rank can use.
 from workbench.machine import MACHINE_FACTS, machine_fact  # noqa: F401
 
 state: dict[str, Any] = {}

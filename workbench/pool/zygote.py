@@ -6,8 +6,11 @@ Spawning a local rank is mostly importing (torch, the engine's modules, torch._d
 `benches/zygote.py`), whose memory it shares until written. The notebook keeps one per way of preparing (the
 same device, preload, backend and environment), shared by the pools of this process: the first start waits for
 it to prepare (about what spawning would take), every later one (a restart, the standby, the next Workbench)
-forks. It stays `LINGER_S` after its last pool closes, for the Workbench a next cell may make, then ends; it
+forks. It stays `zygotes.LINGER_S` after its last pool closes, for the Workbench a next cell may make, then ends; it
 ends with the notebook in any case (its end of the socket closes).
+
+By default the zygote is the user's standby instead (`workbench.pool.user_standby`): the same process, but one
+that outlives the kernel, so that the next kernel (a restart, another notebook) forks at once too.
 
 CPU pools only: a process that has touched CUDA cannot fork a rank that uses it. `$WORKBENCH_ZYGOTE=0` spawns
 every rank as before.
@@ -15,7 +18,6 @@ every rank as before.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import json
 import logging
@@ -28,37 +30,48 @@ import threading
 import time
 from pathlib import Path
 
-from workbench.machine import MACHINE_FACTS
-from workbench.pool.private_dir import DRIVER_PID
 
 log = logging.getLogger("workbench.pool")
 
-LINGER_S = 120.0
-"""How long a zygote outlives its last pool (a Workbench remade in the next cell forks instead of spawning)."""
-MAX_ZYGOTES = 2
-"""Zygotes kept at once in a process (each ~300 MB); the least recently used idle one ends first."""
-PER_POOL = (MACHINE_FACTS, "WORKBENCH_PREPARE", "OMP_NUM_THREADS", DRIVER_PID)
-"""Environment that differs between pools but is read only after the fork (the child gets the pool's own)."""
 
 
 class ZygoteError(RuntimeError):
     """The zygote could not fork a rank (it failed to prepare, or died): the pool spawns ranks instead."""
 
 
-class Zygote:
-    """One zygote process and what it says: prepared, each fork's pid, each child's exit code."""
+class PrivateChannel:
+    """The socket pair to a zygote this process started: JSON both ways, and no one else can reach it."""
 
-    def __init__(self, env: dict[str, str], prepare: dict) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # One OpenMP thread until a rank sets its own (torch starts a pool thread at import without the variable).
-        env = {**env, "OMP_NUM_THREADS": "1", "WORKBENCH_PREPARE": json.dumps({**prepare, "threads": 1})}
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def handshake(self) -> dict:
+        return {}  # nothing to prove: the zygote says "prepared" itself
+
+    def send(self, message: dict, fds: list[int] | None = None) -> None:
+        socket.send_fds(self.sock, [json.dumps(message).encode()], fds or [])
+
+    def recv(self) -> dict | None:
+        data = self.sock.recv(1 << 16)
+        return json.loads(data) if data else None
+
+    def close(self) -> None:
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "workbench.pool.zygote_process", str(theirs.fileno())],
-                                         env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            theirs.close()
-        self.sock = ours
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class Zygote:
+    """A prepared process that forks ranks, and what it says: prepared, each fork's pid, each child's exit code.
+
+    Either this process's own (`start_private`: it ends with this process) or the user's standby
+    (`workbench.pool.user_standby`: it outlives it); `channel` is the way to it.
+    """
+
+    def __init__(self, channel, pid: int, origin: str, proc: subprocess.Popen | None = None) -> None:
+        self.channel, self.pid, self.origin, self.proc = channel, pid, origin, proc
         self.users = 0
         self.last_used = time.monotonic()
         self.failed: str | None = None
@@ -71,6 +84,19 @@ class Zygote:
         self._exits: dict[int, int] = {}
         threading.Thread(target=self._read, name="workbench-zygote", daemon=True).start()
 
+    @classmethod
+    def start_private(cls, env: dict[str, str], prepare: dict) -> "Zygote":
+        """A zygote of this process's own, ending with it (its end of the socket pair closes)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "workbench.pool.zygote_process", str(theirs.fileno())],
+                                    env=zygote_environment(env, prepare), pass_fds=(theirs.fileno(),),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+        finally:
+            theirs.close()
+        return cls(PrivateChannel(ours), proc.pid, "this process's zygote", proc)
+
     @property
     def prepared(self) -> bool:
         """Done preparing: a fork now takes about a tenth of a second."""
@@ -82,14 +108,21 @@ class Zygote:
 
     def fork(self, args: list[str], env: dict[str, str], timeout_s: float) -> "ForkedRank":
         """A rank running `python -m workbench.pool.worker *args` in `env`, forked once the zygote is prepared."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not self._prepared and self.alive and time.monotonic() < deadline:
+                self._changed.wait(max(0.0, deadline - time.monotonic()))
+        if not self.prepared:
+            raise ZygoteError(self.failed or ("the zygote ended" if self._gone else
+                                              f"not prepared within {timeout_s:.0f} s"))
         pipes = [os.pipe() for _ in range(3)]
         stdin, stdout, stderr = pipes
         theirs = [stdin[0], stdout[1], stderr[1]]
         request = next(self._ids)
         try:
             with self._send_lock:
-                message = {"id": request, "args": args, "env": env, "cwd": os.getcwd()}
-                socket.send_fds(self.sock, [json.dumps(message).encode()], theirs)
+                self.channel.send({"type": "fork", "id": request, "args": args, "env": env, "cwd": os.getcwd()},
+                                  theirs)
         except OSError as e:
             for r, w in pipes:
                 os.close(r)
@@ -97,7 +130,6 @@ class Zygote:
             raise ZygoteError(f"the zygote is gone ({e})") from None
         for fd in theirs:
             os.close(fd)
-        deadline = time.monotonic() + timeout_s
         with self._changed:
             while request not in self._pids and self.alive and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, deadline - time.monotonic()))
@@ -130,13 +162,12 @@ class Zygote:
             self._exits.pop(pid, None)
 
     def close(self) -> None:
-        """End the zygote (its ranks, if any, see their parent change and end too)."""
+        """Let go of the zygote: this process's own ends (its ranks, if any, see their parent change and end too);
+        the user's standby goes on, for the next kernel."""
         self._gone = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.channel.close()
+        if self.proc is None:
+            return
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -144,29 +175,41 @@ class Zygote:
             self.proc.wait(5)
 
     def _read(self) -> None:
+        try:
+            said = self.channel.handshake()
+        except Exception as e:  # noqa: BLE001 - said as the reason the pool spawns instead
+            said = {"failed": str(e) or type(e).__name__}
         while True:
-            try:
-                data = self.sock.recv(1 << 16)
-            except OSError:
-                data = b""
             with self._changed:
-                if not data:
+                if "failed" in said:
+                    self.failed = f"{self.origin} could not prepare:\n" + said["failed"]
+                    log.warning("workbench pool: %s; spawning ranks instead", self.failed)
+                elif "prepared" in said:
+                    self._prepared = True
+                elif "pid" in said:
+                    self._pids[said["id"]] = said["pid"]
+                elif "error" in said:
+                    self._pids[said["id"]] = said["error"]
+                elif "exit" in said:
+                    self._exits[said["exit"]] = said["code"]
+                self._changed.notify_all()
+                if "failed" in said:
+                    return
+            try:
+                said = self.channel.recv()
+            except OSError:
+                said = None
+            if said is None:
+                with self._changed:
                     self._gone = True
                     self._changed.notify_all()
-                    return
-                message = json.loads(data)
-                if "prepared" in message:
-                    self._prepared = True
-                elif "failed" in message:
-                    self.failed = "the zygote could not prepare:\n" + message["failed"]
-                    log.warning("workbench pool: %s; spawning ranks instead", self.failed)
-                elif "pid" in message:
-                    self._pids[message["id"]] = message["pid"]
-                elif "error" in message:
-                    self._pids[message["id"]] = message["error"]
-                elif "exit" in message:
-                    self._exits[message["exit"]] = message["code"]
-                self._changed.notify_all()
+                return
+
+
+def zygote_environment(env: dict[str, str], prepare: dict) -> dict[str, str]:
+    """A zygote's own environment: the ranks' shared one, one OpenMP thread until a rank sets its own (torch starts
+    a pool thread at import without the variable), and what to prepare."""
+    return {**env, "OMP_NUM_THREADS": "1", "WORKBENCH_PREPARE": json.dumps({**prepare, "threads": 1})}
 
 
 class ForkedRank:
@@ -203,88 +246,3 @@ class ForkedRank:
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
-
-
-# -- the process's zygotes ---------------------------------------------------------------------------
-_lock = threading.Lock()
-_zygotes: dict[str, Zygote] = {}
-_lingering: dict[str, threading.Timer] = {}
-
-
-def usable(device: str) -> bool:
-    """Whether ranks of a pool on `device` may be forked: CPU ranks, zygotes not turned off."""
-    if os.environ.get("WORKBENCH_ZYGOTE", "1") == "0":
-        return False
-    return device == "cpu" or (device == "auto" and not any(Path("/dev").glob("nvidia[0-9]*")))
-
-
-def acquire(env: dict[str, str], prepare: dict) -> Zygote:
-    """The zygote for ranks with this environment and preparation (started if there is none); `release` it."""
-    shared = {k: v for k, v in env.items() if k not in PER_POOL}
-    key = _key(shared, prepare)
-    with _lock:
-        timer = _lingering.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-        zygote = _zygotes.get(key)
-        if zygote is None or not zygote.alive:
-            if zygote is not None:
-                zygote.close()
-            _evict_idle(keep=MAX_ZYGOTES - 1)
-            zygote = _zygotes[key] = Zygote(shared, prepare)
-        zygote.users += 1
-        return zygote
-
-
-def release(zygote: Zygote) -> None:
-    """A pool no longer needs `zygote`; the last one leaves it `LINGER_S` for the next pool, then it ends."""
-    with _lock:
-        zygote.users -= 1
-        if zygote.users > 0:
-            return
-        key = next((k for k, z in _zygotes.items() if z is zygote), None)
-        if key is None:
-            return
-        timer = threading.Timer(LINGER_S, _end_if_idle, args=(key, zygote))
-        timer.daemon = True
-        timer.name = "workbench-zygote-linger"
-        _lingering[key] = timer
-        timer.start()
-
-
-def close_all() -> None:
-    with _lock:
-        for timer in _lingering.values():
-            timer.cancel()
-        _lingering.clear()
-        zygotes = list(_zygotes.values())
-        _zygotes.clear()
-    for zygote in zygotes:
-        zygote.close()
-
-
-def _end_if_idle(key: str, zygote: Zygote) -> None:
-    with _lock:
-        if zygote.users or _zygotes.get(key) is not zygote:
-            return
-        del _zygotes[key]
-        _lingering.pop(key, None)
-    zygote.close()
-
-
-def _evict_idle(keep: int) -> None:
-    idle = sorted((z.last_used, k) for k, z in _zygotes.items() if not z.users)
-    while len(_zygotes) > keep and idle:
-        _, key = idle.pop(0)
-        timer = _lingering.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-        _zygotes.pop(key).close()
-
-
-def _key(shared: dict[str, str], prepare: dict) -> str:
-    return json.dumps([shared, {k: v for k, v in prepare.items() if k not in ("private_dir", "threads")}],
-                      sort_keys=True)
-
-
-atexit.register(close_all)

@@ -52,9 +52,9 @@ def main() -> None:
     while True:
         readable, _, _ = select.select([sock, wake[0]], [], [])
         if wake[0] in readable:
-            while _drained(wake[0]):
+            while drained(wake[0]):
                 pass
-        _reap(sock, children)
+        reap(children, lambda pid, code: _send(sock, {"exit": pid, "code": code}))
         if sock not in readable:
             continue
         try:
@@ -64,28 +64,29 @@ def main() -> None:
         if not data:
             os._exit(0)  # the notebook's end closed
         request = json.loads(data)
-        if len(fds) != 3 or _threads() != 1:
-            _send(sock, {"id": request["id"], "error": f"cannot fork: {len(fds)} descriptors, {_threads()} threads"})
+        if len(fds) != 3 or thread_count() != 1:
+            _send(sock, {"id": request["id"], "error": f"cannot fork: {len(fds)} descriptors, {thread_count()} threads"})
             for fd in fds:
                 os.close(fd)
             continue
         pid = os.fork()
         if pid == 0:
-            _become_rank(sock, wake, fds, request)
+            become_rank([sock, *wake], fds, request)
         for fd in fds:
             os.close(fd)  # the child's now: the notebook must see their ends close when the child exits
         children.add(pid)
         _send(sock, {"id": request["id"], "pid": pid})
 
 
-def _become_rank(sock: socket.socket, wake: tuple[int, int], fds: list[int], request: dict) -> None:
-    """In the child: its own session and standard streams, the rank's environment, then the worker's main."""
+def become_rank(own: list, fds: list[int], request: dict) -> None:
+    """In the child: close what the zygote holds (`own`: its sockets, as objects, so that none is closed twice;
+    its wake pipe and other descriptors, as numbers), its own session and standard streams, the rank's
+    environment, then the worker's main. Never returns."""
     try:
-        sock.close()
         signal.set_wakeup_fd(-1)  # the zygote's way of hearing of exits is not the rank's
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in wake:
-            os.close(fd)
+        for held in own:
+            held.close() if hasattr(held, "close") else os.close(held)
         os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -109,7 +110,8 @@ def _become_rank(sock: socket.socket, wake: tuple[int, int], fds: list[int], req
     os._exit(1)
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
+def reap(children: set[int], report) -> None:
+    """Collect every child that has ended and `report(pid, exit code)` it."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -119,10 +121,10 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        report(pid, os.waitstatus_to_exitcode(status))
 
 
-def _drained(fd: int) -> bool:
+def drained(fd: int) -> bool:
     try:
         return bool(os.read(fd, 4096))
     except BlockingIOError:
@@ -136,7 +138,7 @@ def _send(sock: socket.socket, message: dict) -> None:
         os._exit(0)  # the notebook is gone
 
 
-def _threads() -> int:
+def thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
