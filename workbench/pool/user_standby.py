@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.pool import launch, protocol, runtime_dir, standby_wire as wire
-from workbench.pool.zygote import Zygote, zygote_environment
+from workbench.pool.zygote import Zygote, hang_up, zygote_environment
 
 log = logging.getLogger("workbench.pool")
 
@@ -154,11 +154,7 @@ class StandbyChannel:
             return None
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        hang_up(self.sock)
 
 
 def _connect(path: Path) -> socket.socket | None:

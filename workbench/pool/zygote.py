@@ -39,6 +39,16 @@ class ZygoteError(RuntimeError):
     """The zygote could not fork a rank (it failed to prepare, or died): the pool spawns ranks instead."""
 
 
+def hang_up(sock: socket.socket) -> None:
+    """Shut both directions before closing: a thread blocked in recv on this socket wakes at once (a bare close
+    leaves it blocked), and so does the peer."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
 class PrivateChannel:
     """The socket pair to a zygote this process started: JSON both ways, and no one else can reach it."""
 
@@ -56,11 +66,7 @@ class PrivateChannel:
         return json.loads(data) if data else None
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        hang_up(self.sock)
 
 
 class Zygote:
