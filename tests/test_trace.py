@@ -18,7 +18,8 @@ from workbench.estimate import estimate
 from workbench.model_profile import ModelProfile
 from workbench.telemetry.activations import ActivationMeter
 from workbench.tracing.estimate import traced_profile
-from workbench.tracing.trace import FLOP_FORMULAS, trace
+from workbench.tracing.kernels import FLOP_FORMULAS
+from workbench.tracing.trace import trace
 
 LAYOUTS = [dict(), dict(dp=2), dict(dp=2, zero=1), dict(dp=4, zero=3), dict(tp=2), dict(tp=2, dp=2, zero=2),
            dict(pp=2, micro_batches=4), dict(pp=2, schedule="interleaved_1f1b", stages_per_rank=3, micro_batches=4),
