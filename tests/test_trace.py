@@ -123,7 +123,7 @@ def _measured(config, seq_len: int) -> tuple[int, float, int]:
 
 
 def _saved(p: ModelProfile) -> int:
-    return sum(p.block(i).saved_bytes for i in range(p.n_layers)) + p.first_saved + p.last_saved
+    return sum(p.block(i).saved_bytes for i in range(p.n_layers)) + p.first_saved + p.shared_saved + p.last_saved
 
 
 def _flops(p: ModelProfile) -> float:
