@@ -191,3 +191,22 @@ def test_a_qwen3_8b_plan_on_64_h100s_is_made_on_fake_tensors():
     tp = best.config.tp
     whole = sum(p.block(i).params - p.block(i).split_params for i in range(36)) + p.norm_params
     assert sum(s.params for s in best.estimate.stages) * tp - (tp - 1) * whole == p.params
+
+
+def test_a_foreign_models_estimate_and_plan_print_its_traced_parameter_count():
+    """Its source does not know its parameter count (a user's module says nothing before it is built): what is
+    printed is the trace's, the model's numel."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.families import family
+    from workbench.hardware import si
+    from workbench.models.huggingface import hf_config
+
+    source = family("qwen3")
+    numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_config(source)).parameters())
+    est = wb.estimate(wb.Config(model=source, batch_size=4, seq_len=32, dp=2), "h100")
+    assert est.model_params == numel
+    assert f"model     {si(numel, '').rstrip()} parameters" in str(est)
+    planned = wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=32, precision="fp32")
+    assert {c.estimate.model_params for c in planned.ranked} == {numel}
+    assert planned.table().startswith(f"plan  {numel / 1e9:.2f} B-parameter model on 8 ×")
