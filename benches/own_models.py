@@ -7,8 +7,10 @@
    the built-in model's math (the same shape, RMSNorm, rotary, SwiGLU, grouped-query attention): its target is
    ≤ 1.1× the built-in's step time. The others differ in what they compute (Qwen3's per-head norms, Gemma's
    scaled embedding and GeGLU, a mixture of experts' routing), so their ratio is the price of that, not only of
-   the adapter. Beside them, the traced estimate of the same step on this machine's CPU as a rank sees it
-   (`workbench.tracing.estimate`, issue 32's item 6): "n/a" with the reason where it cannot price it.
+   the adapter. Beside them, the traced estimate of the family's step on this machine's CPU
+   (`workbench.tracing.estimate`, issue 32's item 6): its step time and its peak model memory per rank (the same
+   four categories, its highest rank), each with the measurement's ratio to it; "n/a" with the reason where it
+   cannot price it.
 2. What building costs a rank: the peak resident memory of building a trainer (after a warm-up build, in a
    fresh rank: `tests/engine/own_model_fns.build_memory`) over the bytes of the parameters the rank holds, for a
    model of ~270 M parameters (1 GiB in fp32) at dp=2 ZeRO-3, tp=2 and pp=2; target ≤ 1.2. A rank holding the
@@ -75,12 +77,16 @@ def timed_steps(cfg: wb.Config, steps: int) -> dict:
     return {"step_s": statistics.median(m.step_time_s for m in metrics), "peak_bytes": model_bytes}
 
 
-def traced_estimate(cfg: wb.Config, cpu) -> str:
+def traced_estimate(cfg: wb.Config, cpu) -> tuple[float, int] | str:
+    """The traced estimate of `cfg` on this machine's CPU: its step time and the most model memory a rank holds
+    (parameters and optimizer state at rest, gradients and activations at their peak: what `timed_steps` sums of
+    the probe's), or "n/a" and the reason where the estimator cannot price it."""
     try:
+        from workbench.compare import predicted_memory
         from workbench.tracing.estimate import estimate
 
         est = estimate(cfg, cpu)
-        return f"{est.step_time_s * 1e3:6.0f} ms"
+        return est.step_time_s, max(sum(rank.values()) for rank in predicted_memory(est, cfg).values())
     except Exception as e:  # noqa: BLE001 - a column the estimator fills where it can
         return f"n/a ({type(e).__name__}: {str(e)[:50]})"
 
@@ -93,7 +99,7 @@ def compare(pool: wb.Pool, steps: int, rounds: int, families: list[str]) -> None
           f"{RUN['seq_len']}; each step time the lowest of {rounds} medians of {steps} steps, the built-in model "
           "and the family measured in turn")
     print(f"{'family':10} {'layout':10} {'step ms':>8} {'built-in':>9} {'ratio':>6} {'peak MiB':>9} {'built-in':>9} "
-          f"{'ratio':>6}  traced estimate (step)")
+          f"{'ratio':>6} | traced estimate: {'step ms':>7} {'meas/est':>8} {'peak MiB':>9} {'meas/est':>8}")
     for layout, degrees in LAYOUTS.items():
         for name in families:
             pair = [wb.Config(model=builtin(name.endswith("moe")), **RUN, **degrees),
@@ -101,9 +107,12 @@ def compare(pool: wb.Pool, steps: int, rounds: int, families: list[str]) -> None
             runs = [[_measure(pool, cfg, steps) for cfg in pair] for _ in range(rounds)]
             base, ours = (min(r[i][0] for r in runs) for i in (0, 1))
             base_mem, ours_mem = runs[0][0][1], runs[0][1][1]
+            traced = traced_estimate(pair[1], cpu)
+            beside = (f"{traced[0] * 1e3:7.1f} {ours / traced[0]:8.2f} {traced[1] / 2**20:9.1f} "
+                      f"{ours_mem / traced[1]:8.3f}") if isinstance(traced, tuple) else traced
             print(f"{name:10} {layout:10} {ours * 1e3:8.1f} {base * 1e3:9.1f} {ours / base:6.2f} "
-                  f"{ours_mem / 2**20:9.1f} {base_mem / 2**20:9.1f} {ours_mem / base_mem:6.2f}  "
-                  f"{traced_estimate(pair[1], cpu)}")
+                  f"{ours_mem / 2**20:9.1f} {base_mem / 2**20:9.1f} {ours_mem / base_mem:6.2f} | "
+                  f"{'':17}{beside}")
 
 
 def _measure(pool: wb.Pool, cfg: wb.Config, steps: int) -> tuple[float, int]:

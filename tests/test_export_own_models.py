@@ -35,3 +35,16 @@ def test_the_torchtitan_export_says_plainly_what_it_cannot_express():
     own = _titan_layout(wb.Config(model=wb.CustomModel("tests.models.custom_models:tiny_gpt", plan=PLAN), pp=2,
                                   micro_batches=2, schedule="interleaved_1f1b", batch_size=4, seq_len=16))
     assert any("your own module (tests.models.custom_models:tiny_gpt)" in m and "TrainSpec" in m for m in own.missing)
+
+
+def test_every_torchtitan_file_of_a_foreign_model_says_what_it_cannot_express(tmp_path):
+    """What the user reads: torchtitan.sh's and torchtitan.toml's notes and the export's summary name the foreign
+    model and what runs it instead (run.sh), not only the layout's translation."""
+    for cfg in (wb.Config(model=family("llama"), dp=2, batch_size=4, seq_len=16),
+                wb.Config(model=wb.CustomModel("tests.models.custom_models:tiny_gpt", plan=PLAN), tp=2, batch_size=4,
+                          seq_len=16)):
+        out = export(cfg, tmp_path / cfg.model.name.replace(":", "_"), Launch(nnodes=1, nproc_per_node=2))
+        said = f"the model is {'your own module' if isinstance(cfg.model, wb.CustomModel) else 'Hugging Face'}"
+        for text in (out.files["torchtitan"].read_text(), out.files["torchtitan_toml"].read_text(), str(out)):
+            notes = [line for line in text.splitlines() if said in line]
+            assert len(notes) == 1 and "python -m workbench.train (run.sh) trains this model" in notes[0], text

@@ -18,7 +18,8 @@ from workbench.estimate import estimate
 from workbench.model_profile import ModelProfile
 from workbench.telemetry.activations import ActivationMeter
 from workbench.tracing.estimate import traced_profile
-from workbench.tracing.trace import FLOP_FORMULAS, trace
+from workbench.tracing.kernels import FLOP_FORMULAS
+from workbench.tracing.trace import trace
 
 LAYOUTS = [dict(), dict(dp=2), dict(dp=2, zero=1), dict(dp=4, zero=3), dict(tp=2), dict(tp=2, dp=2, zero=2),
            dict(pp=2, micro_batches=4), dict(pp=2, schedule="interleaved_1f1b", stages_per_rank=3, micro_batches=4),
@@ -122,7 +123,7 @@ def _measured(config, seq_len: int) -> tuple[int, float, int]:
 
 
 def _saved(p: ModelProfile) -> int:
-    return sum(p.block(i).saved_bytes for i in range(p.n_layers)) + p.first_saved + p.last_saved
+    return sum(p.block(i).saved_bytes for i in range(p.n_layers)) + p.first_saved + p.shared_saved + p.last_saved
 
 
 def _flops(p: ModelProfile) -> float:
@@ -190,3 +191,22 @@ def test_a_qwen3_8b_plan_on_64_h100s_is_made_on_fake_tensors():
     tp = best.config.tp
     whole = sum(p.block(i).params - p.block(i).split_params for i in range(36)) + p.norm_params
     assert sum(s.params for s in best.estimate.stages) * tp - (tp - 1) * whole == p.params
+
+
+def test_a_foreign_models_estimate_and_plan_print_its_traced_parameter_count():
+    """Its source does not know its parameter count (a user's module says nothing before it is built): what is
+    printed is the trace's, the model's numel."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.families import family
+    from workbench.hardware import si
+    from workbench.models.huggingface import hf_config
+
+    source = family("qwen3")
+    numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_config(source)).parameters())
+    est = wb.estimate(wb.Config(model=source, batch_size=4, seq_len=32, dp=2), "h100")
+    assert est.model_params == numel
+    assert f"model     {si(numel, '').rstrip()} parameters" in str(est)
+    planned = wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=32, precision="fp32")
+    assert {c.estimate.model_params for c in planned.ranked} == {numel}
+    assert planned.table().startswith(f"plan  {numel / 1e9:.2f} B-parameter model on 8 ×")

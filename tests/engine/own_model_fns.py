@@ -64,3 +64,13 @@ def build_memory(cfg: Config) -> dict[str, int]:
     peak = _status_kib("VmHWM")
     shard = sum(local_tensor(p).numel() * p.element_size() for m in built.modules for p in m.parameters())
     return {"peak_bytes": (peak - before) * 1024, "shard_bytes": shard}
+
+
+@unchecked
+def measured_activations(cfg: Config, steps: int = 2) -> int:
+    """This rank's peak of saved activations over `steps` steps of `cfg`'s layout, as its probe (the
+    ActivationMeter) measures them: what the estimate's `memory.activations` predicts."""
+    trainer = Trainer(cfg, build_mesh(cfg, "cpu"), "cpu", data_of(cfg), telemetry=True)
+    peaks = [trainer.step(i).peak_memory["activations"] for i in range(steps)]
+    trainer.close()
+    return max(peaks)

@@ -25,7 +25,7 @@ def block_activations(st: Stage, layer: int | None = None) -> int:
     """
     if st.profile is not None:
         return traced_block(st, st.layers[0] if layer is None else layer)
-    m, tp, a = st.cfg.model, st.cfg.tp, st.act_bytes
+    m, tp, a = st.shape, st.cfg.tp, st.act_bytes
     kv_dim = m.kv_heads * m.head_dim
     sharded = 16 * m.dim + 8 + a * (2 * m.dim + 2 * kv_dim) + 4 * m.n_heads + 4 * a * m.hidden_dim
     # CPU's RMSNorm upcasts a bf16 input, so the norms save fp32 whatever the residual's dtype.
@@ -38,8 +38,8 @@ def layer_activations(st: Stage, layer: int) -> int:
     """Bytes block `layer` saves for one micro-batch (a MoE block differs from a dense one in its FFN); under the
     per-op policy what it keeps (`recompute.op_block`: the same tensors on CPU kernels as on GPU ones)."""
     if st.profile is not None:  # a traced block's figure holds its mixture of experts
-        return op_block(st, dtypes(st.cfg)) if policy(st, layer) == "op" else block_activations(st, layer)
-    moe = moe_activations(st) if st.cfg.model.is_moe_layer(layer) else 0
+        return op_block(st, dtypes(st.cfg), layer) if policy(st, layer) == "op" else block_activations(st, layer)
+    moe = moe_activations(st) if st.shape.is_moe_layer(layer) else 0
     if policy(st, layer) == "op":
         return op_block(st, dtypes(st.cfg)) + moe
     return block_activations(st) + moe
@@ -49,7 +49,7 @@ def edge_activations(st: Stage, first: bool, last: bool) -> int:
     """Bytes saved outside the blocks: token ids (first stage); final norm, head input, log-probs (last)."""
     if st.profile is not None:
         return traced_edges(st, first, last)
-    m, tp = st.cfg.model, st.cfg.tp
+    m, tp = st.shape, st.cfg.tp
     saved = 8 * st.tokens if first else 0
     if last:
         head_input = st.act_bytes * m.dim
@@ -68,7 +68,7 @@ def stage_activations(st: Stage) -> dict[int, int]:
     """
     def kept(layers: tuple[int, ...]) -> int:
         return (sum(layer_activations(st, i) for i in layers if not st.is_checkpointed(i))
-                + st.count_checkpointed(layers) * st.residual())
+                + st.count_checkpointed(layers) * st.residual() + traced_shared(st, layers))
 
     return st.saved_by_stage(kept, lambda first, last: edge_activations(st, first, last), st.residual())
 
@@ -82,18 +82,32 @@ def rebuilt_block(st: Stage) -> int:
     moe = moe_activations(st) if st.moe_layers else 0
     if st.cfg.activation_checkpointing == "op":
         return block_activations(st) + moe
-    rebuilt = [block_activations(st) + (moe_activations(st) if st.cfg.model.is_moe_layer(i) else 0)
+    rebuilt = [block_activations(st) + (moe_activations(st) if st.shape.is_moe_layer(i) else 0)
                for i in st.layers if st.is_checkpointed(i)]
     return max(rebuilt) if rebuilt else 0
 
 
 def traced_block(st: Stage, layer: int) -> int:
     """Bytes block `layer` of a traced model saves for one micro-batch: what the trace saw for one sequence, per
-    token; the inputs of column-parallel matmuls whole under sequence parallel, the rest ÷tp; its weights'
-    low-precision copies once per micro-batch, ÷tp."""
-    b, tp = st.profile.block(layer), st.cfg.tp
-    sharded = b.saved_bytes - b.gathered_bytes - b.weight_copies
-    return round(st.profile.per_token(st.tokens) * (sharded / tp + b.gathered_bytes)) + b.weight_copies // tp
+    token; the inputs of column-parallel matmuls and what a mixture of experts saves (it runs whole on every tp
+    rank) whole, the rest ÷tp under sequence parallel; its weights' low-precision copies once per micro-batch, ÷tp
+    (a mixture of experts' ÷ep instead: its experts split over the ep ranks)."""
+    b, tp, ep = st.profile.block(layer), st.cfg.tp, st.cfg.ep
+    whole = b.gathered_bytes + b.replicated_bytes
+    sharded = b.saved_bytes - whole - b.weight_copies
+    copies = (b.weight_copies - b.whole_copies) // tp + b.whole_copies // ep
+    return round(st.profile.per_token(st.tokens) * (sharded / tp + whole)) + copies
+
+
+def traced_shared(st: Stage, layers: tuple[int, ...]) -> int:
+    """What a traced model's blocks save of the tensors it makes once per forward (rotary cos/sin, masks), for
+    the tokens of one micro-batch on this rank (÷cp): all of it where one of `layers` saves its own activations;
+    where they all recompute, only what they are handed positionally (checkpointing keeps a block's positional
+    inputs; the per-op policy's cache, which no hook counts, keeps none of them)."""
+    if st.profile is None or not layers:
+        return 0
+    saved = st.profile.shared_saved if any(policy(st, i) == "none" for i in layers) else st.profile.shared_handed
+    return -(-saved // st.cfg.cp)
 
 
 def traced_edges(st: Stage, first: bool, last: bool) -> int:

@@ -36,8 +36,18 @@ def compressed_sync(st: Stage, net: Network, buckets: list[int], hidden_by: floa
 
 
 def parameter_shapes(st: Stage) -> list[tuple[int, ...]]:
-    """Parameter shapes of this stage (tp = 1): what PowerSGD compresses, matrix by matrix."""
-    m = st.cfg.model
+    """Parameter shapes of this stage (tp = 1): what PowerSGD compresses, matrix by matrix (a traced model's as
+    traced, its embedding and head vocabulary × width)."""
+    if st.profile is not None:
+        p = st.profile
+        shapes = [shape for i in st.layers for shape in p.block(i).shapes]
+        if st.first and p.embedding_params:
+            shapes.append((p.embedding_params // p.dim, p.dim))
+        if st.last:
+            shapes += [(p.norm_params,)] if p.norm_params else []
+            shapes += [(p.vocab_size, p.dim)] if p.head_params else []
+        return shapes
+    m = st.shape
     kv = m.kv_heads * m.head_dim
     block = [(m.dim, m.dim), (kv, m.dim), (kv, m.dim), (m.dim, m.dim), (m.hidden_dim, m.dim),
              (m.dim, m.hidden_dim), (m.hidden_dim, m.dim), (m.dim,), (m.dim,)]

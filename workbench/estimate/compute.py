@@ -17,7 +17,7 @@ def executed_flops(st: Stage) -> float:
     last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp."""
     if st.profile is not None:
         return _traced_flops(st)
-    cfg, m = st.cfg, st.cfg.model
+    cfg, m = st.cfg, st.shape
     block_full, head_full = block_matmul_params(m), head_params(m)
     attn_fwd = 4 * cfg.seq_len * m.n_heads * m.head_dim
     block_train = 3 * (2 * block_full + attn_fwd)
@@ -48,8 +48,11 @@ def _traced_flops(st: Stage) -> float:
         split += runs - b.replicated_flops - again
         replicated += b.replicated_flops + again
     if cfg.activation_checkpointing == "op":
-        # The per-op policy recomputes every other matmul of each block: wk, wo and w3 (the shape's names).
-        split += len(st.layers) * 2 * op_recomputed_params(cfg.model) * p.seq_len
+        # The per-op policy recomputes every other matmul of each block (the built-in's wk, wo and w3), as traced.
+        for i in st.layers:
+            b = p.block(i)
+            split += b.op_recomputed_flops - b.op_recomputed_whole_flops
+            replicated += b.op_recomputed_whole_flops
     if st.last:
         head = p.head_forward_flops + p.head_backward_flops
         split, replicated = (split + head, replicated) if p.head_split else (split, replicated + head)

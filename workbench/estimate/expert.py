@@ -13,8 +13,8 @@ from workbench.estimate.stage import Stage
 
 def assignments(st: Stage) -> int:
     """(token, expert) assignments one micro-batch keeps in one MoE layer: top_k per token, at most the capacity
-    of every expert in every sequence (the routing group)."""
-    m, cfg = st.cfg.model, st.cfg
+    of every expert in every sequence (the routing group; a traced model's routers keep every assignment)."""
+    m, cfg = st.shape, st.cfg
     return min(st.tokens * m.top_k, cfg.micro_batch_size * m.n_experts * m.expert_capacity(cfg.seq_len))
 
 
@@ -26,7 +26,7 @@ def moe_activations(st: Stage) -> int:
       the keep mask T·k bytes, per-sequence shares B·E·4; kept weights, token ids and sort order A·(4+8+8);
       with ep > 1 the regrouping order and its inverse 2·R·8. Under autocast, the 2-byte copies of each
       expert's tokens (twice) and of this rank's expert weights."""
-    cfg, m, a = st.cfg, st.cfg.model, st.act_bytes
+    cfg, m, a = st.cfg, st.shape, st.act_bytes
     t, k, n_e, d, h = st.tokens, m.top_k, m.n_experts, m.dim, m.hidden_dim
     kept = arrived = assignments(st)
     saved = (4 * arrived * d + 2 * a * kept * d + 4 * a * kept * h + t * (4 * n_e + 12 * k + 4 + k)
@@ -42,7 +42,7 @@ def ep_comm(st: Stage, net: Network) -> list[Collective]:
     """Expert parallel: per MoE layer and micro-batch, the router counts go out by all-to-all, then the tokens
     and their outputs (forward), their gradients (backward), and the forward's again when recomputed; the
     expert slices' gradient sync over edp."""
-    cfg, m = st.cfg, st.cfg.model
+    cfg = st.cfg
     if cfg.ep == 1 or not st.moe_layers:
         return []
     mb, a, kept = cfg.micro_batches, st.act_bytes, assignments(st)
@@ -51,11 +51,11 @@ def ep_comm(st: Stage, net: Network) -> list[Collective]:
     # Tokens go out in fp32 (the normed residual), outputs come back in the compute precision; backward sends
     # the gradients of both the same way.
     calls = mb * (2 * forwards + 2 * moe)
-    payload = mb * (forwards * kept * m.dim * (4 + a) + moe * kept * m.dim * (4 + a))
+    payload = mb * (forwards * kept * st.dim * (4 + a) + moe * kept * st.dim * (4 + a))
     out = [collective(net, st.rank, "ep", "all_to_all", Role.TOKEN_DISPATCH, "routed tokens and their gradients", calls,
                       payload / calls, cfg.ep),
            collective(net, st.rank, "ep", "all_to_all", Role.ROUTER_COUNTS, "router counts per expert", mb * forwards,
-                      8 * m.n_experts, cfg.ep)]
+                      8 * st.shape.n_experts, cfg.ep)]
     edp = cfg.dp // cfg.ep
     if edp > 1:
         per_layer = 4 * st.expert_params // moe

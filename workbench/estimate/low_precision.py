@@ -66,7 +66,7 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
         inputs = sum(n * fan_in for n, fan_in, _ in linears)
         outputs = sum(n * fan_out for n, _, fan_out in linears)
     else:
-        m = st.cfg.model
+        m = st.shape
         d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
         # Inputs (fan-in, per token on this rank) of the seven linears, the shared ones once or per linear;
         # outputs (fan-out) whose gradients are cast in backward.

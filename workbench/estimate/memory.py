@@ -12,7 +12,7 @@ from workbench.estimate.stage import Stage
 
 
 def stage_memory(st: Stage) -> Memory:
-    cfg, m = st.cfg, st.cfg.model
+    cfg, m = st.cfg, st.shape
     # The loss reads the logits: bf16 logits plus their fp32 copy under autocast, fp32 logits otherwise.
     vocab = st.profile.vocab_size if st.profile is not None else m.vocab_size
     other = st.tokens * vocab * (6 if st.autocast else 4) if st.last else 0

@@ -21,9 +21,12 @@ def policy(st: Stage, layer: int) -> str:
     return "block" if st.is_checkpointed(layer) else "none"
 
 
-def op_block(st: Stage, dt: Dtypes) -> int:
-    """Bytes a dense block keeps for one micro-batch under the per-op selective policy."""
-    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+def op_block(st: Stage, dt: Dtypes, layer: int | None = None) -> int:
+    """Bytes a dense block (block `layer` of a traced model) keeps for one micro-batch under the per-op selective
+    policy."""
+    if st.profile is not None:
+        return _traced_op_block(st, dt, st.layers[0] if layer is None else layer)
+    m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     kv = m.kv_heads * m.head_dim
     sharded = r * m.dim + a * (m.dim + kv + m.hidden_dim) + a * m.dim + 4 * m.n_heads
     if tp > 1:
@@ -31,8 +34,18 @@ def op_block(st: Stage, dt: Dtypes) -> int:
     return round(st.tokens * (sharded / tp + a * m.dim))
 
 
+def _traced_op_block(st: Stage, dt: Dtypes, layer: int) -> int:
+    """What the trace saw the policy keep of block `layer` (`BlockProfile.op_kept_bytes`: matmul outputs sharded
+    by column-parallel linears and attention's ÷tp, the rest whole), its input, and under tensor parallel the
+    reduce-scatters' outputs of its row-parallel linears, per micro-batch."""
+    b, tp, a = st.profile.block(layer), st.cfg.tp, dt.compute
+    kept = (b.op_kept_bytes - b.op_whole_bytes) / tp + b.op_whole_bytes
+    scattered = sum(a * g.n * g.count for g in b.gemms if g.split == "row") if tp > 1 else 0
+    return round(st.profile.per_token(st.tokens) * kept + st.tokens * (dt.residual * st.dim + scattered) / tp)
+
+
 def input_only(st: Stage, dt: Dtypes) -> int:
     """A checkpointed block's input: the residual stream, sequence-sharded under tp."""
-    return -(-dt.residual * st.tokens * st.cfg.model.dim // st.cfg.tp)
+    return -(-dt.residual * st.tokens * st.dim // st.cfg.tp)
 
 

@@ -158,6 +158,9 @@ class Estimate:
     assumptions: tuple[str, ...] = ()
     features: Features = NO_FEATURES
     """Published-run settings beyond the engine that this estimate modelled (`options.Features`)."""
+    model_params: int = 0
+    """Parameter elements of the whole model: the built-in shape's count, or a traced model's own (a foreign
+    model's Config does not know it)."""
 
     @property
     def peak_stage(self) -> StageEstimate:
@@ -240,7 +243,7 @@ def render(est: Estimate) -> str:
     lines = [
         f"estimate  {cfg.layout} on {cfg.world_size} × {hw.name} ({'measured' if hw.measured else 'datasheet'}, "
         f"{hw.kind} kernels{features})",
-        f"model     {si(cfg.model.num_params, '').rstrip().replace('G', 'B')} parameters, "
+        f"model     {si(est.model_params, '').rstrip().replace('G', 'B')} parameters, "
         f"{si(est.flops_per_token, 'FLOP')}/token "
         f"at seq_len {cfg.seq_len}; {cfg.tokens_per_step:,} tokens/step",
         f"memory per rank{where}" + (", each category at its own peak" if mem.allocated else ""),

@@ -33,7 +33,7 @@ from workbench.estimate.stage import Stage
 
 def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
     """Bytes a dense block saves for one micro-batch without recomputation."""
-    m, tp, a, r, c = st.cfg.model, st.cfg.tp, dt.compute, dt.residual, dt.linear_input
+    m, tp, a, r, c = st.shape, st.cfg.tp, dt.compute, dt.residual, dt.linear_input
     kv = m.kv_heads * m.head_dim
     mlp = 4 * a * m.hidden_dim if not dt.float8 else (3 * a + 1) * m.hidden_dim  # fp8 copy of w2's input
     sharded = 2 * (r * m.dim + 4) + a * (2 * m.dim + 2 * kv) + 4 * m.n_heads + mlp \
@@ -44,19 +44,19 @@ def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
 
 def _example(st: Stage, layers: tuple[int, ...], kind: tuple[str, bool]) -> int:
     """A block of `layers` of the given (policy, is MoE) kind."""
-    return next(i for i in layers if (policy(st, i), st.cfg.model.is_moe_layer(i)) == kind)
+    return next(i for i in layers if (policy(st, i), st.shape.is_moe_layer(i)) == kind)
 
 
 def largest_rebuilt(st: Stage, dt: Dtypes, features: Features) -> int:
     """The most `rebuilt` holds over this rank's blocks (0 without blocks)."""
-    kinds = {(policy(st, i), st.cfg.model.is_moe_layer(i)) for i in st.layers}
+    kinds = {(policy(st, i), st.shape.is_moe_layer(i)) for i in st.layers}
     return max((rebuilt(st, dt, features, _example(st, st.layers, k)) for k in kinds), default=0)
 
 
 def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
     """Bytes block `layer` keeps from its forward to its backward, for one micro-batch."""
     how = policy(st, layer)
-    moe = moe_activations(st) if st.cfg.model.is_moe_layer(layer) else 0
+    moe = moe_activations(st) if st.shape.is_moe_layer(layer) else 0
     if how == "block":
         return input_only(st, dt)
     if how == "op":
@@ -70,7 +70,7 @@ def rebuilt(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
 
     The gradient working set is taken as one gradient per SwiGLU tensor in flight (3·a·F ÷tp), two gathered
     D-wide ones and the residual's, a stated approximation of autograd's buffers."""
-    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+    m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     grads = round(st.tokens * (3 * a * m.hidden_dim / tp + 2 * a * m.dim + 2 * r * m.dim / tp))
     whole = whole_block(st, dt, features) + (moe_activations(st) if m.is_moe_layer(layer) else 0)
     return max(0, whole - layer_saved(st, dt, features, layer)) + grads
@@ -78,7 +78,7 @@ def rebuilt(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
 
 def logits_width(st: Stage, features: Features) -> int:
     """Vocabulary entries per token of the loss's tensors on this rank: gathered, or 1/tp with loss parallel."""
-    v = st.cfg.model.vocab_size
+    v = st.shape.vocab_size
     return -(-v // st.cfg.tp) if features.loss_parallel else v
 
 
@@ -87,7 +87,7 @@ def edge_saved(st: Stage, dt: Dtypes, features: Features, first: bool, last: boo
     1/rms, the head's input, what the loss keeps (the fp32 log-probabilities; a compiled loss keeps the logits
     and a log-sum-exp per token instead) and the targets (last stage), and under autocast the head's weight
     copy."""
-    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+    m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     saved = 8 * st.tokens if first else 0
     if last:
         v = logits_width(st, features)
@@ -102,7 +102,7 @@ def stage_saved(st: Stage, dt: Dtypes, features: Features) -> dict[int, int]:
     received input is a receive buffer, as on CPU: `activations.stage_activations`)."""
     def kept(layers: tuple[int, ...]) -> int:
         # Blocks alike (same recomputation, dense or MoE) keep alike: one of each kind, times how many.
-        kinds = Counter((policy(st, i), st.cfg.model.is_moe_layer(i)) for i in layers)
+        kinds = Counter((policy(st, i), st.shape.is_moe_layer(i)) for i in layers)
         return sum(n * layer_saved(st, dt, features, _example(st, layers, kind)) for kind, n in kinds.items())
 
     return st.saved_by_stage(kept, lambda first, last: edge_saved(st, dt, features, first, last), input_only(st, dt))
@@ -123,7 +123,7 @@ def loss_transients(st: Stage, dt: Dtypes, features: Features) -> tuple[int, int
     v, a, tp = logits_width(st, features), dt.compute, st.cfg.tp
     if features.compile_loss:
         return 0, st.tokens * a * v
-    local = a * -(-st.cfg.model.vocab_size // tp) if tp > 1 and not features.loss_parallel else 0
+    local = a * -(-st.shape.vocab_size // tp) if tp > 1 and not features.loss_parallel else 0
     upcast = 4 * v if a < 4 else 0
     if features.loss_parallel and tp > 1:
         return st.tokens * (a * v + upcast + 4 * v), st.tokens * 12 * v

@@ -66,6 +66,21 @@ class Stage:
     would; None: the built-in model's shape, from the formulas."""
 
     @property
+    def shape(self):
+        """The model's shape under the built-in's names: the traced model's (`TracedShape`), else the Config's."""
+        return self.profile.shape if self.profile is not None else self.cfg.model
+
+    @property
+    def dim(self) -> int:
+        """Width of the residual stream: the traced model's, else the built-in shape's."""
+        return self.profile.dim if self.profile is not None else self.cfg.model.dim
+
+    @property
+    def vocab_size(self) -> int:
+        """Columns of the logits: the traced model's, else the built-in shape's."""
+        return self.profile.vocab_size if self.profile is not None else self.cfg.model.vocab_size
+
+    @property
     def first(self) -> bool:
         """Holds the model's first stage (the embedding): pipeline rank 0, in loop and V placement alike."""
         return 0 in self.stages
@@ -121,7 +136,7 @@ class Stage:
     def residual(self) -> int:
         """One micro-batch's residual stream, sequence-sharded under tp: what a checkpointed block keeps, and what
         a pipeline stage receives and sends."""
-        return ceil_div(self.residual_bytes * self.tokens * self.cfg.model.dim, self.cfg.tp)
+        return ceil_div(self.residual_bytes * self.tokens * self.dim, self.cfg.tp)
 
     def saved_by_stage(self, kept: Callable[[tuple[int, ...]], int], edges: Callable[[bool, bool], int],
                        received: int) -> dict[int, int]:
@@ -136,7 +151,8 @@ class Stage:
 def stage_shape(cfg: Config, rank: int, profile: ModelProfile | None = None) -> Stage:
     """Pipeline rank `rank`'s shape (from the traced `profile` where one is given)."""
     # V placement (zbv, dualpipev) gives rank r stages r and 2pp-1-r: rank 0 holds the first and the last.
-    return _shape(cfg, rank, tuple(config_rank_stages(cfg, rank)), tuple(rank_stage_layers(cfg, rank)), profile)
+    layers = rank_stage_layers(cfg, rank, profile.n_layers if profile is not None else None)
+    return _shape(cfg, rank, tuple(config_rank_stages(cfg, rank)), tuple(layers), profile)
 
 
 def chunk_shapes(st: Stage) -> list[Stage]:
@@ -206,9 +222,11 @@ def traced_precision(cfg: Config) -> str:
 
 
 def check_profile(cfg: Config, profile: ModelProfile) -> None:
-    """A profile describes one sequence length and precision, and a model of cfg.model's depth."""
+    """A profile describes one sequence length and precision, and a model of cfg.model's depth (where the Config
+    knows it: a user's module says its depth only once built, and its profile is then what says it)."""
     low = traced_precision(cfg)
-    if (profile.seq_len, profile.precision, profile.n_layers) != (cfg.seq_len, low, cfg.model.n_layers):
+    depth = cfg.model.n_layers or profile.n_layers
+    if (profile.seq_len, profile.precision, profile.n_layers) != (cfg.seq_len, low, depth):
         raise ValueError(f"the profile of {profile.name} was traced at seq_len={profile.seq_len}, precision "
                          f"{profile.precision!r}, {profile.n_layers} blocks; this Config runs seq_len={cfg.seq_len}, "
                          f"precision {low!r}, {cfg.model.n_layers} blocks: trace it for this Config")

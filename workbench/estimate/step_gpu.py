@@ -71,7 +71,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
     Compiled (torch.compile per block, Features.compile): each fused region reads its inputs and writes its
     outputs once: norm (r + a)·D, rotary 2a per element, add + norm 2(r + a)·D, silu·product 3a·F, the last add.
     The casts of 8-bit and 4-bit linears are `low_precision.cast_bytes`, counted apart."""
-    m, tp, a, r = st.cfg.model, st.cfg.tp, dt.compute, dt.residual
+    m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     if dt.fused:
         sharded = (r + a) * d + 2 * (r + a) * d + (2 * r + a) * d
@@ -88,7 +88,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
 
 def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware) -> MicroBatchCompute:
     """One micro-batch's kernels on `hw`, for this stage."""
-    cfg, m, tp, t = st.cfg, st.cfg.model, st.cfg.tp, st.tokens
+    cfg, m, tp, t = st.cfg, st.shape, st.cfg.tp, st.tokens
     a = dt.compute
     # 8-bit (and NVFP4) linears run at their format's rate; attention and the head stay in the bf16 beside them.
     base = "bf16" if cfg.precision in FP8 else cfg.precision
@@ -163,7 +163,7 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
     """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
     a mixture of experts, whose GEMMs follow), recomputed as `how` says; and of them, the matmuls beside tensor
     parallel's gathers and reduce-scatters (`_split_windows`)."""
-    m, tp, t = st.cfg.model, st.cfg.tp, st.tokens
+    m, tp, t = st.shape, st.cfg.tp, st.tokens
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     q = m.n_heads * m.head_dim
     attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
@@ -214,7 +214,7 @@ def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precis
 def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:
     """A MoE FFN's GEMMs (replicated over tp): the router (fp32) and each local expert's SwiGLU over its even
     share of the routed tokens, and the shared expert over every token."""
-    cfg, m, t = st.cfg, st.cfg.model, st.tokens
+    cfg, m, t = st.cfg, st.shape, st.tokens
     rows = max(1, assignments(st) * cfg.ep // m.n_experts)
     experts = m.n_experts // cfg.ep
     mlp = [(m.dim, m.hidden_dim), (m.dim, m.hidden_dim), (m.hidden_dim, m.dim)]

@@ -21,14 +21,14 @@ def tp_comm(st: Stage, net: Network, dt: Dtypes, features: Features = NO_FEATURE
             windows: tuple[float, float] = (0.0, 0.0)) -> list[Collective]:
     """The tp collectives of a step; `windows`: the matmuls (seconds per micro-batch) beside the gathers and the
     reduce-scatters, which async TP overlaps with them."""
-    cfg, m = st.cfg, st.cfg.model
+    cfg = st.cfg
     if cfg.tp == 1:
         return []
     mb, a, r, tp = cfg.micro_batches, dt.compute, dt.residual, cfg.tp
     # torchao's Float8 tensor-parallel styles (tensorwise) cast to fp8 before they gather: the norm outputs in
     # forward and the output gradients in backward move one byte an element; the reduce-scatters stay in a.
     g_in, g_out = (1, 1) if dt.recipe == "tensorwise" else (r, a)
-    act = st.tokens * m.dim
+    act = st.tokens * st.dim
     blocks, moe = len(st.layers), len(st.moe_layers)
     # Per block and micro-batch, sequence parallel gathers the norm outputs (the residual's dtype) before
     # attention and MLP and reduce-scatters their a-byte outputs; backward mirrors that; recomputation repeats
@@ -68,12 +68,12 @@ def tp_comm(st: Stage, net: Network, dt: Dtypes, features: Features = NO_FEATURE
         # Once per step, every norm of the stage in one call, after the last micro-batch's backward
         # (engine/parallel/tensor.py's reduce_partial_gradients, as Megatron-LM reduces its layernorm gradients).
         collective(net, st.rank, "tp", "all_reduce", Role.NORM_GRADIENTS, "norm weight gradients", 1,
-                   4 * m.dim * (2 * blocks + st.last), tp),
+                   4 * st.dim * (2 * blocks + st.last), tp),
     ]
     if unfused_calls:
         out.append(collective(net, st.rank, "tp", "reduce_scatter", Role.SEQUENCE_PARALLEL,
                               "input gradients (unfused by async TP)", unfused_calls, r * act, tp))
     if st.last and not features.loss_parallel:
         out.append(collective(net, st.rank, "tp", "all_gather", Role.LOGITS, "logits for the loss", mb,
-                              st.tokens * m.vocab_size * a, tp))
+                              st.tokens * st.vocab_size * a, tp))
     return out

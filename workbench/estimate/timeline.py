@@ -71,7 +71,7 @@ class GpuMemory:
 
 
 def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
-    cfg, m = st.cfg, st.cfg.model
+    cfg, m = st.cfg, st.shape
     dp, zero, mb = st.shard_ranks, cfg.zero, cfg.micro_batches
     fsdp = zero >= 2
     split = st.expert_params if cfg.ep > 1 else 0

@@ -126,9 +126,10 @@ def config_rank_stages(cfg: PipelineConfig, pp_rank: int) -> list[int]:
     return stages_of_rank(pp_rank, cfg.pp, config_stages(cfg), placement(cfg.schedule))
 
 
-def config_split(cfg: PipelineConfig) -> list[range]:
-    """The global block indices of each pipeline stage under `cfg` (Config.stage_layers, or an even split)."""
-    return split_layers(cfg.model.n_layers, cfg.pp * config_stages(cfg), cfg.stage_layers)
+def config_split(cfg: PipelineConfig, n_layers: int | None = None) -> list[range]:
+    """The global block indices of each pipeline stage under `cfg` (Config.stage_layers, or an even split);
+    `n_layers`: the model's depth where its Config does not know it (a user's module, counted once built)."""
+    return split_layers(n_layers or cfg.model.n_layers, cfg.pp * config_stages(cfg), cfg.stage_layers)
 
 
 def rank_layers(cfg: PipelineConfig) -> list[tuple[int, ...]]:
@@ -137,7 +138,8 @@ def rank_layers(cfg: PipelineConfig) -> list[tuple[int, ...]]:
     return [tuple(i for stage in config_rank_stages(cfg, r) for i in layers[stage]) for r in range(cfg.pp)]
 
 
-def rank_stage_layers(cfg: PipelineConfig, pp_rank: int) -> list[tuple[int, ...]]:
-    """The global block indices of each stage pipeline rank `pp_rank` holds, one tuple per stage in its order."""
-    layers = config_split(cfg)
+def rank_stage_layers(cfg: PipelineConfig, pp_rank: int, n_layers: int | None = None) -> list[tuple[int, ...]]:
+    """The global block indices of each stage pipeline rank `pp_rank` holds, one tuple per stage in its order
+    (`n_layers` as `config_split` takes it)."""
+    layers = config_split(cfg, n_layers)
     return [tuple(layers[stage]) for stage in config_rank_stages(cfg, pp_rank)]

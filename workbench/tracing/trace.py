@@ -9,7 +9,12 @@ runs:
   and the model's buffers left out (what `telemetry.activations.ActivationMeter` counts on the ranks), each
   charged to the block (or the edge of the model) that saved it first;
 - each block's linears give its matmuls' shapes, and the tensor-parallel plan says which are split and which
-  inputs are saved whole under sequence parallel.
+  inputs are saved whole under sequence parallel;
+- the per-op recompute policy (engine/parallel/recompute.py: keep every other matmul's output and attention's) is
+  followed op by op, so what it would keep and recompute of each block is known without running it;
+- a model that follows the protocol (`workbench.models.protocol`; `probes.py`) says how many experts each token is routed to
+  (its experts' inputs), and what its attention kernel is handed (one more forward of its blocks, its attention
+  routed to a kernel that records q, k and v): context parallel's ring passes those keys and values.
 Blocks with equal figures are one kind (`ModelProfile.kinds`).
 """
 
@@ -28,44 +33,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from workbench.model_profile import BlockProfile, Gemm, ModelProfile
+from workbench.tracing.kernels import FLOP_FORMULAS, GroupedShapes
 from workbench.tracing.parts import Parts, is_column, is_split
+from workbench.tracing.probes import attention_shapes, expert_hooks
 
 aten = torch.ops.aten
 PRECISIONS = ("fp32", "low", "bf16_params")
 
 
-def _attention_flops(q_shape, k_shape, v_shape) -> int:
-    """q·kᵀ and p·v over the whole square, every query head (grouped keys and values are broadcast to them)."""
-    b, h, s_q, d = q_shape
-    s_k, d_v = k_shape[-2], v_shape[-1]
-    return 2 * b * h * s_q * s_k * (d + d_v)
+OP_POLICY_ATTENTION = (aten._scaled_dot_product_flash_attention_for_cpu.default,
+                       aten._scaled_dot_product_flash_attention.default,
+                       aten._scaled_dot_product_efficient_attention.default,
+                       aten._scaled_dot_product_cudnn_attention.default)
+"""The attention kernels whose outputs the per-op recompute policy keeps (with every other `aten.mm`), as
+engine/parallel/recompute.py's OP_POLICY_SAVES lists them."""
 
 
-def _cpu_flash_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
-    return _attention_flops(q_shape, k_shape, v_shape)
-
-
-def _cpu_flash_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:
-    return 2 * _attention_flops(q_shape, k_shape, v_shape)  # dv, dp, dq and dk: four matmuls of the same size
-
-
-def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    """A grouped matmul (mixture-of-experts FFNs): 2·M·K·N over all its groups together, whatever the split."""
-    if len(a_shape) == 3 and len(b_shape) == 3:
-        return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
-    return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
-
-
-FLOP_FORMULAS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
-    aten._grouped_mm: _grouped_mm_flops,
-}
-"""The CPU's fused attention kernels, which FlopCounterMode has no formula for: counted as their math (q·kᵀ and
-p·v over the whole square, and twice that backward), as it counts the GPU's flash and efficient kernels."""
-
-
-@dataclass
+@dataclass(eq=False)
 class _Region:
     """What one block (or edge of the model) saved and which of it is gathered, weight copies, split inputs."""
 
@@ -73,6 +57,21 @@ class _Region:
     gathered: int = 0
     copies: int = 0
     gemms: list[Gemm] = field(default_factory=list)
+    replicated: int = 0
+    """Of `saved`: what its mixture of experts saves (whole on every tp rank), its weight copies aside."""
+    whole_copies: int = 0
+    """Of `copies`: its mixture of experts' weight copies."""
+    matmuls: int = 0
+    """`aten.mm` calls of its forward so far (the per-op policy keeps the odd ones, recomputes the even ones)."""
+    op_kept: int = 0
+    """What the per-op policy would keep of its forward (`BlockProfile.op_kept_bytes`)."""
+    op_whole: int = 0
+    op_recomputed: float = 0.0
+    """Forward FLOPs of the matmuls the per-op policy would run again in backward."""
+    op_recomputed_whole: float = 0.0
+    experts: int = 0
+    """Routed experts, and how many each token goes to, as its experts are called (`probes.expert_hooks`)."""
+    top_k: int = 0
 
 
 def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp32", name: str = "",
@@ -105,7 +104,7 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
         inputs, targets = torch.randint(0, vocab, (1, seq_len)), torch.randint(0, vocab, (1, seq_len))
     regions, first, last = _Watch(model, parts, plan), _Region(), _Region()
     # One counter for forward and backward, so that backward's FLOPs are charged to the modules too.
-    with mode, _GroupedShapes(), FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
+    with mode, GroupedShapes(), FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         with regions.hooks(first, last), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "low"):
             logits = parts.logits(model(inputs))
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
@@ -113,26 +112,9 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
         loss.backward()
         both = _totals(counter)
     backward = {k: v - forward.get(k, 0) for k, v in both.items()}
-    return _profile(model, parts, plan, regions, first, last, forward, backward, seq_len, precision, name,
+    attention = attention_shapes(model, parts, mode, seq_len)
+    return _profile(model, parts, plan, regions, first, last, forward, backward, attention, seq_len, precision, name,
                     time.perf_counter() - start)
-
-
-class _GroupedShapes(TorchDispatchMode):
-    """torch's grouped matmul on fake tensors: its output's shape, not its meta function, which accepts bf16 only
-    where the CPU kernel (what the ranks run, transformers' default for experts) takes fp32 too."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is aten._grouped_mm.default:
-            a, b = args[0], args[1]
-            offs = (kwargs or {}).get("offs", args[2] if len(args) > 2 else None)
-            if a.dim() == 2 and b.dim() == 3:
-                shape = (a.shape[0], b.shape[2])
-            elif a.dim() == 2 and b.dim() == 2:  # a weight's gradient: one (K, N) per group
-                shape = (offs.shape[0], a.shape[0], b.shape[1])
-            else:
-                shape = (a.shape[0], a.shape[1], b.shape[-1])
-            return torch.empty(shape, dtype=(kwargs or {}).get("out_dtype") or a.dtype, device=a.device)
-        return func(*args, **(kwargs or {}))
 
 
 class _Casts(TorchDispatchMode):
@@ -152,7 +134,26 @@ class _Casts(TorchDispatchMode):
                 self.watch.weight_casts.add(self.watch.hold(out))
             elif source in self.watch.gathered:
                 self.watch.gathered.add(self.watch.hold(out))
+        region = self.watch.current
+        if region is not None and any(region is b for b in self.watch.blocks):
+            if func is aten.mm.default:
+                self._matmul(region, args[0], args[1], out)
+            elif func in OP_POLICY_ATTENTION:
+                region.op_kept += sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor))
         return out
+
+    def _matmul(self, region: _Region, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        """The per-op policy counts a block's matmuls and keeps the odd ones' outputs (the 1st, 3rd, ...):
+        sharded by a column-parallel linear, whole otherwise; the even ones run again in backward."""
+        region.matmuls += 1
+        style = self.watch.linear_style
+        if region.matmuls % 2:
+            region.op_kept += _nbytes(out)
+            region.op_whole += 0 if is_column(style) else _nbytes(out)
+        else:
+            flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            region.op_recomputed += flops
+            region.op_recomputed_whole += 0 if is_split(style) else flops
 
 
 def _on_fake_cpu(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
@@ -182,6 +183,13 @@ class _Watch:
         self.model, self.parts, self.plan = model, parts, plan
         self.blocks = [_Region() for _ in parts.blocks]
         self.norm = _Region()
+        self.shared = _Region()
+        """What the blocks save of the tensors made between the parts (rotary cos/sin, masks)."""
+        self.handed: dict[int, int] = {}
+        """Storages made between the parts that a block is handed positionally (non-reentrant checkpointing saves a
+        block's positional inputs, not its keyword ones), and their bytes."""
+        self.replicated = 0
+        """How deep the forward is inside mixture-of-experts modules (which run whole on every tp rank)."""
         self.current: _Region | None = None
         self.seen: set[int] = set()
         self.ignored = {_key(t) for t in (*model.parameters(), *model.buffers())}
@@ -192,6 +200,8 @@ class _Watch:
         """Storages of autocast's copies of parameters."""
         self.outside: set[int] = set()
         """Storages made between the parts (outside the embedding and every block): shared, not a block's own."""
+        self.linear_style: str | None = None
+        """The plan's style of the linear running now (None outside linears, or for one the plan does not name)."""
         self.held: list[torch.Tensor] = []
         """Every tensor whose storage is remembered, kept alive (fake: no memory) so that no other storage is made
         at its address while the trace runs."""
@@ -215,8 +225,15 @@ class _Watch:
                 handles += [self.parts.norm.register_forward_pre_hook(entering(self.norm)),
                             self.parts.norm.register_forward_hook(leaving)]
             for (path, block), region in zip(self.parts.blocks, self.blocks, strict=True):
-                handles += [block.register_forward_pre_hook(entering(region)), block.register_forward_hook(leaving)]
+                handles += [block.register_forward_pre_hook(entering(region)), block.register_forward_hook(leaving),
+                            block.register_forward_pre_hook(self._handed)]
                 handles += self._linear_hooks(block, region)
+            handles += expert_hooks(self.model, [path for path, _ in self.parts.blocks], self.blocks)
+            for path, block in self.parts.blocks:
+                for name in _moe_modules(block):
+                    module = block.get_submodule(name)
+                    handles += [module.register_forward_pre_hook(lambda *_: self._inside(1)),
+                                module.register_forward_hook(lambda *_: self._inside(-1))]
             self.first, self.last = first, last
             try:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), _Casts(self):
@@ -237,7 +254,17 @@ class _Watch:
             if is_column(style):
                 handles.append(module.register_forward_pre_hook(
                     lambda _m, args: self.gathered.add(self.hold(args[0]))))
+            handles += [module.register_forward_pre_hook(lambda _m, _a, s=style: setattr(self, "linear_style", s)),
+                        module.register_forward_hook(lambda *_: setattr(self, "linear_style", None))]
         return handles
+
+    def _handed(self, _block: nn.Module, args: tuple) -> None:
+        for t in args[1:]:  # the first is the hidden states, a block's own input
+            if isinstance(t, torch.Tensor) and _key(t) in self.outside:
+                self.handed[_key(t)] = t.untyped_storage().nbytes()
+
+    def _inside(self, step: int) -> None:
+        self.replicated += step
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _key(t)
@@ -246,18 +273,25 @@ class _Watch:
         self.seen.add(key)
         region = self.current or self.last  # outside every block and the embedding: the model's end
         if key in self.outside and region is not self.last and region is not self.norm:
-            region = self.first  # made once before the blocks (rotary cos/sin, masks) and read by all of them
+            region = self.shared  # made once per forward before the blocks (rotary cos/sin, masks), read by them all
         nbytes = t.untyped_storage().nbytes()
         region.saved += nbytes
         if key in self.gathered:
             region.gathered += nbytes
         elif key in self.weight_casts:
             region.copies += nbytes
+            region.whole_copies += nbytes if self.replicated else 0
+        elif self.replicated:
+            region.replicated += nbytes
         return t
 
 
 def _key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _style(plan: dict[str, str], path: str) -> str | None:
@@ -268,13 +302,14 @@ def _style(plan: dict[str, str], path: str) -> str | None:
     return None
 
 
-def _profile(model, parts, plan, regions, first, last, f_counts, b_counts, seq_len, precision, name,
+def _profile(model, parts, plan, regions, first, last, f_counts, b_counts, attention, seq_len, precision, name,
              trace_s) -> ModelProfile:
     root = type(model).__name__
     kinds: list[BlockProfile] = []
     order: list[int] = []
     block_f = block_b = 0.0
-    for (path, block), region in zip(parts.blocks, regions.blocks, strict=True):
+    for (path, block), region, (attention_flops, kv_width, heads, kv_heads, head_dim) in zip(
+            parts.blocks, regions.blocks, attention, strict=True):
         f, b = f_counts.get(f"{root}.{path}", 0), b_counts.get(f"{root}.{path}", 0)
         block_f, block_b = block_f + f, block_b + b
         moe = [f"{root}.{path}.{n}" for n in _moe_modules(block)]
@@ -287,7 +322,12 @@ def _profile(model, parts, plan, regions, first, last, f_counts, b_counts, seq_l
             replicated_flops=sum(f_counts.get(m, 0) + b_counts.get(m, 0) for m in moe),
             replicated_forward_flops=sum(f_counts.get(m, 0) for m in moe),
             saved_bytes=region.saved, gathered_bytes=region.gathered, weight_copies=region.copies,
-            gemms=tuple(region.gemms))
+            replicated_bytes=region.replicated, whole_copies=region.whole_copies,
+            gemms=tuple(region.gemms), attention_flops=attention_flops, kv_width=kv_width, heads=heads,
+            kv_heads=kv_heads, head_dim=head_dim, experts=region.experts,
+            top_k=region.top_k, op_kept_bytes=region.op_kept, op_whole_bytes=region.op_whole,
+            op_recomputed_flops=region.op_recomputed, op_recomputed_whole_flops=region.op_recomputed_whole,
+            shapes=tuple(tuple(p.shape) for _, p in params))
         if kind not in kinds:
             kinds.append(kind)
         order.append(kinds.index(kind))
@@ -301,7 +341,9 @@ def _profile(model, parts, plan, regions, first, last, f_counts, b_counts, seq_l
         norm_params=sum(p.numel() for p in parts.norm.parameters()) if parts.norm is not None else 0,
         head_params=0 if tied else sum(p.numel() for p in head.parameters()),
         head_split=parts.vocab_parallel, head_forward_flops=total_f - block_f, head_backward_flops=total_b - block_b,
-        first_saved=first.saved, last_saved=last.saved + regions.norm.saved, last_sharded=regions.norm.saved,
+        first_saved=first.saved, shared_saved=regions.shared.saved, shared_handed=sum(regions.handed.values()),
+        last_saved=last.saved + regions.norm.saved,
+        last_sharded=regions.norm.saved,
         last_copies=last.copies,
         params=sum(p.numel() for p in model.parameters()), trace_s=trace_s)
 
