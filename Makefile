@@ -1,5 +1,6 @@
 # Two commands a newcomer needs:  make lab   (set up + JupyterLab on the quickstart)
 #                                 make test  (set up + the whole test suite)
+# and one for people changing the code:  make check  (the pure-logic tests + one smoke test per subsystem)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -10,7 +11,7 @@ TORCH  ?= torch==2.13.0
 HF     ?= transformers==5.25.0 tokenizers==0.23.3 safetensors==0.8.0
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test bench clean
+.PHONY: setup lab test check bench clean
 
 setup: $(VENV)/.installed
 
@@ -29,6 +30,10 @@ lab: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# What starts processes (ranks, zygotes, torchrun, kernels) is left out but for one smoke test per subsystem.
+check: setup
+	$(BIN)/python -m pytest -q -m "smoke or not (processes or slow or browser)" $(PYTEST_ARGS)
 
 BENCHES := pool engine telemetry telemetry_native checkpoint compression moe context_parallel
 

@@ -1,6 +1,6 @@
 """The hierarchical expert exchange vs the flat one (issue 19.6), on 4 ranks emulating 2 H100 nodes of 2 GPUs
 (InfiniBand between them), measured in one run: rows sent to the other node per step (from the exchange's own
-count), messages a node sends across per exchange (arithmetic: `links.expert_exchange_traffic`), step time
+count), messages a node sends across per exchange (arithmetic: `expert_links.expert_exchange_traffic`), step time
 (the dilation measured on the flat layout, held fixed for both), and that the losses are identical.
 
 Expected from the arithmetic: the same rows cross (k(n-k)/n of a node's, n = 4 ranks, k = 2 a node: half), in
@@ -19,7 +19,7 @@ import statistics
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import workbench as wb  # noqa: E402
-from workbench import links  # noqa: E402
+from workbench import expert_links  # noqa: E402
 
 MOE = wb.ModelConfig(dim=64, n_layers=2, n_heads=2, n_experts=4, top_k=2, capacity_factor=2.0)
 CFG = wb.Config(model=MOE, batch_size=8, seq_len=32, dp=4, ep=4)
@@ -52,7 +52,7 @@ def main() -> None:
           f"dilation ×{d:.3g} (measured on flat, then fixed); medians of steps 1..{STEPS - 1}")
     flat_steps, flat_rows = results["flat"]
     for exchange, (steps, rows) in results.items():
-        traffic = links.expert_exchange_traffic(1.0, range(4), topology, hierarchical=exchange == "hierarchical")
+        traffic = expert_links.expert_exchange_traffic(1.0, range(4), topology, hierarchical=exchange == "hierarchical")
         ms = statistics.median(m.step_time_s for m in steps[1:]) / d * 1e3
         node0 = rows[0] + rows[1]
         print(f"  {exchange:<13} step {ms:.3f} ms undilated ({ms / (statistics.median(m.step_time_s for m in flat_steps[1:]) / d * 1e3):.2f}× flat); "

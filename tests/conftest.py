@@ -31,7 +31,14 @@ def _cuda_available() -> bool:
         return False
 
 
+_RANK_FIXTURES = {"_session_pool", "_session_pool4"}
+
+
 def pytest_collection_modifyitems(config, items):
+    # `make check` leaves out what starts processes; a test on the shared pools starts them whoever asks first.
+    for item in items:
+        if _RANK_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.processes)
     if not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

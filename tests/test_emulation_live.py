@@ -128,6 +128,7 @@ def test_the_measured_dilation_is_the_ranks_compute_over_the_targets(pool):
             assert iv.duration_s > 0.9 * shown * links.collective_time(iv.name, iv.bytes, (0, 1), topology), iv
 
 
+@pytest.mark.smoke
 def test_the_undilated_exposed_communication_is_what_the_estimate_priced_by_the_link_model_says(pool):
     """The paced steps' exposed communication, undilated, against the estimator's accounting (which collectives,
     what hides them) priced by the link model; a fixed dilation, so that the comparison does not ride on how

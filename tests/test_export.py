@@ -42,6 +42,7 @@ def test_config_json_is_generic_over_fields():
         wb.Config.from_dict({"zero": 2})
 
 
+@pytest.mark.processes
 def test_export_writes_every_file_and_the_scripts_launch_the_layout(tmp_path):
     cfg = LAYOUTS[3]
     out = ex.export(cfg, tmp_path / "run", gpus_per_node=4, steps=500, save_every=50)

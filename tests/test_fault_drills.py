@@ -205,6 +205,7 @@ def straight(bench) -> list[float]:
 
 
 # -- drills -----------------------------------------------------------------------------------------------
+@pytest.mark.smoke
 def test_sigkill_mid_step_raises_worker_died_at_once_and_resumes_exactly(bench, straight, tmp_path):
     _fresh(bench)
     run = _train_until(bench, 12, tmp_path)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "workbench"
 
 LAYER_OF = {
     # pure values: under everything
-    "workbench.config": "pure values", "workbench.schedules": "pure values", "workbench.links": "pure values",
+    "workbench.config": "pure values", "workbench.schedules": "pure values", "workbench.links": "pure values", "workbench.expert_links": "pure values",
     "workbench.hardware": "pure values", "workbench.flops": "pure values",
     "workbench.machine": "pure values",  # the cores and memory ranks share; what is measured of them, kept
     "workbench.launch": "pure values",  # how a run's ranks spread over machines: the shape exports are written from

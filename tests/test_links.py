@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench import links
+from workbench import expert_links, links
 from workbench.links import collective_time, preset
 
 US = 1e-6
@@ -144,12 +144,12 @@ def test_describe_says_what_the_cluster_is():
 
 def test_the_two_level_expert_exchange_sends_the_same_bytes_in_fewer_messages():
     cluster = preset("h100-ib", nodes=2, gpus_per_node=4)
-    flat = links.expert_exchange_traffic(8e6, range(8), cluster)
-    two = links.expert_exchange_traffic(8e6, range(8), cluster, hierarchical=True)
+    flat = expert_links.expert_exchange_traffic(8e6, range(8), cluster)
+    two = expert_links.expert_exchange_traffic(8e6, range(8), cluster, hierarchical=True)
     # 4 ranks a node, each sending half of its 8 MB to the 4 ranks of the other node: 16 MB either way.
     assert flat.network_bytes == two.network_bytes == 16e6
     assert (flat.network_messages, two.network_messages) == (16, 4)
     assert flat.intra_bytes == 4 * 3 * 8e6 / 8 and two.intra_bytes == 4 * 3 * 8e6 / 4
     expected = collective_time("all_to_all", 8e6, (0, 1, 2, 3), cluster) + collective_time(
         "all_to_all", 8e6, (0, 4), cluster)
-    assert links.hierarchical_all_to_all_time(8e6, range(8), cluster) == pytest.approx(expected)
+    assert expert_links.hierarchical_all_to_all_time(8e6, range(8), cluster) == pytest.approx(expected)

@@ -64,8 +64,9 @@ for m in (4, 8):
     assert activations["gpipe", m][0] > 1.5 * activations["1f1b", m][0], "GPipe holds every micro-batch"
 assert len(last_actions["interleaved_1f1b", 8]) == 2 * len(last_actions["1f1b", 8]), "twice as many actions"
 b8 = last_actions["1f1b", 8]
-ratio = (statistics.mean(a.end_ns - a.start_ns for a in b8 if a.kind == "B")
-         / statistics.mean(a.end_ns - a.start_ns for a in b8 if a.kind == "F"))
+# Medians: a core taken away mid-action (a busy machine) lengthens that one action, not the typical one.
+ratio = (statistics.median(a.end_ns - a.start_ns for a in b8 if a.kind == "B")
+         / statistics.median(a.end_ns - a.start_ns for a in b8 if a.kind == "F"))
 assert 1.1 < ratio < 2.5, f"a B takes longer than an F, up to about twice: {ratio:.2f}"
 inter, one = (lambda m: bubble["interleaved_1f1b", m]), (lambda m: bubble["1f1b", m])
 for s in ("gpipe", "1f1b"):
@@ -175,7 +176,9 @@ def _text(cell) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.processes
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.smoke) if p.stem == "00_quickstart" else p
+                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_runs_top_to_bottom_and_its_claims_hold(path, tmp_path):
     from nbclient import NotebookClient
 
@@ -189,7 +192,9 @@ def test_runs_top_to_bottom_and_its_claims_hold(path, tmp_path):
     # The "python3" kernel runs this interpreter (jupyter_client swaps "python" for sys.executable).
     client = NotebookClient(nb, timeout=BUDGET_S, kernel_name="python3", resources={"metadata": {"path": str(work)}},
                             allow_errors=True)
-    client.execute()
+    # The kernels take their ranks from one user standby in the test run's own runtime folder (tests/conftest.py),
+    # as a user's successive kernels do: the first notebook's kernel prepares it, the others fork at once.
+    client.execute(env={**os.environ, "WORKBENCH_STANDBY": "1"})
     out = os.environ.get("WORKBENCH_EXECUTED_NOTEBOOKS")
     if out:  # to look at what a run printed: WORKBENCH_EXECUTED_NOTEBOOKS=/tmp/x pytest tests/test_notebooks.py
         Path(out).mkdir(parents=True, exist_ok=True)

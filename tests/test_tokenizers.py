@@ -225,6 +225,7 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
         check_corpus(tmp_path)
 
 
+@pytest.mark.processes
 def test_prepare_script_takes_a_tokenizer(tokenizer, tmp_path):
     folder = _jsonl(tmp_path / "corpus", [_text(i, 50) for i in range(4)])
     result = subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), "--source", str(folder),

@@ -9,11 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import workbench as wb
 from tests.local_launch import free_port, outputs_of
 from workbench.export import Launch, export
 from workbench.telemetry import jsonl
 from workbench.ui.report import report_from_metrics
+
+pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
 
 # Same layout, same bytes, same reduction order on both sides (gloo, 2 ranks, fp32): the continuation is the same
 # computation, so the losses are demanded bit-identical (and are).

@@ -27,6 +27,7 @@ def bench(pool):
     bench.close()
 
 
+@pytest.mark.smoke
 def test_changing_layout_mid_run_keeps_training_where_it_was(bench):
     """10 steps dp=2, reshard to tp=2, 10 more, to pp=2, 10 more: the 30 losses of one uninterrupted process."""
     losses = []

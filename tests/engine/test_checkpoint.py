@@ -128,7 +128,7 @@ def straight(_session_pool) -> list[float]:
 
 
 # -- across layouts ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("source", ["dp2 zero3", "dp2 zero1", "tp2", "pp2 1f1b"])
+@pytest.mark.parametrize("source", ["dp2 zero3", "dp2 zero1", pytest.param("tp2", marks=pytest.mark.smoke), "pp2 1f1b"])
 def test_a_checkpoint_from_one_layout_continues_in_every_other(pool, reference, tmp_path, source):
     targets = {name: BASE.replace(**kw) for name, kw in LAYOUTS.items()}
     out = pool.run(resume_in_layouts, BASE.replace(**LAYOUTS[source]), targets, str(tmp_path))[0]

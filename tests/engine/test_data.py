@@ -178,6 +178,7 @@ print(prepare(None, sys.argv[1]).manifest.created, flush=True)
 """
 
 
+@pytest.mark.processes
 def test_ranks_starting_together_build_the_shard_once(tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -249,6 +250,7 @@ def test_cache_location(monkeypatch, tmp_path):
     assert default_cache_dir() == expected
 
 
+@pytest.mark.processes
 def test_prepare_script(corpus, tmp_path):
     out = tmp_path / "shards"
     result = subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), "--source", str(corpus),

@@ -53,7 +53,8 @@ def assert_parity(results: list[dict], reference: list[float]) -> None:
     assert losses == pytest.approx(reference, rel=REL), f"layout {losses}\nreference {reference}"
 
 
-@pytest.mark.parametrize("name,layout", cases())
+@pytest.mark.parametrize("name,layout", [pytest.param(*c, marks=pytest.mark.smoke) if i == 0 else c
+                                         for i, c in enumerate(cases())])
 def test_family_layout_matches_its_own_model(pool, name, layout):
     cfg = Config(model=family(name), **BASE, **layouts_of(name)[layout])
     assert_parity(pool.run(fns.train, cfg, STEPS), hf_reference(cfg, STEPS))

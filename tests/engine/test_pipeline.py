@@ -310,6 +310,7 @@ MOE_V = dataclasses.replace(MOE, n_layers=4)  # 2·pp stages of whole blocks
     # The stages' all-to-alls run inside the split backward's I halves; experts synced over edp by FSDP2.
     ("pool4", dict(pp=2, dp=2, ep=2, zero=2, schedule="dualpipev", micro_batches=4)),
 ], ids=["pp2 zbv", "pp2 x dp2 ep2 zero2 dualpipev"])
+@pytest.mark.processes  # the pool it runs on is asked for by name
 def test_moe_under_split_backward_schedules_matches_one_process(request, ranks, changes):
     # Each MoE layer's balancing loss rides its stage's backward (AttachAuxLoss), which these schedules split
     # into I and W: the routers still get it. ep > 1 with zero 0 is refused (tests/test_schedules.py).

@@ -18,6 +18,8 @@ import workbench as wb
 from workbench.telemetry.flight import explain_diagnostics
 from tests.pool import rank_fns
 
+pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
+
 
 def _alive(pid):
     try:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from workbench import machine
+
+pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
 
 
 def _cpu_peaks(budget_s: float) -> tuple[dict, int]:

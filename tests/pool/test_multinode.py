@@ -14,6 +14,8 @@ import workbench as wb
 from tests.local_launch import free_port, outputs_of
 from tests.pool import rank_fns
 
+pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
+
 
 def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
     key_file = tmp_path / "keys" / "pool.key"

@@ -21,6 +21,7 @@ def test_state_is_kept_across_calls(pool):
     assert pool.run(rank_fns.recall, "answer") == [(42, 0), (42, 1)]
 
 
+@pytest.mark.smoke
 def test_collectives_run_in_the_world(pool):
     assert pool.run(rank_fns.all_reduce_sum, 3) == [6.0, 6.0]
 

@@ -26,7 +26,7 @@ import pytest
 
 from workbench.pool import protocol, runtime_dir, standby_wire as wire, user_standby
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

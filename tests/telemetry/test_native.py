@@ -176,6 +176,7 @@ def test_unbuildable_extension_says_why(monkeypatch, tmp_path):
         native.build()
 
 
+@pytest.mark.processes
 def test_command_line_build_is_a_no_op_when_cached(ext):
     done = subprocess.run(
         [sys.executable, "-m", "workbench.telemetry.native", "--build"],

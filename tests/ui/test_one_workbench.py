@@ -11,6 +11,8 @@ import workbench as wb
 from workbench import kernel
 from workbench.ui.dashboard import dashboard
 
+pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
+
 
 def _gone(pid: int) -> bool:
     try:

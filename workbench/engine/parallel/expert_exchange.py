@@ -6,7 +6,7 @@ everything bound for the j-th rank of every node; then (a, j) sends (b, j) every
 message per remote node: k·(N-1) messages a node, k times fewer and k times larger. The same rows cross the
 network either way (k·(n-k)/n of a node's rows), and they arrive in the flat exchange's order (by source rank,
 then by local expert), so the experts compute the same thing and the losses are bit-identical to flat.
-(`workbench.links.expert_exchange_traffic` is the arithmetic, for the estimator.)
+(`workbench.expert_links.expert_exchange_traffic` is the arithmetic, for the estimator.)
 
 Ranks sit on nodes as the pool places them (`workbench.pool.rank.node_of`: an emulated cluster's placement when one
 is emulated, else `LOCAL_WORLD_SIZE` to a node, as torchrun sets it), else all on one node, where the exchange is
