@@ -192,7 +192,8 @@ class Plan:
 
     def table(self, n: int = 10) -> str:
         p = self.inputs
-        head = (f"plan  {p.model.num_params / 1e9:.2f} B-parameter model on {p.gpus} × {self.hardware.name}, global "
+        params = next((c.estimate.model_params for c in (*self.ranked, *self.refused) if c.estimate), 0)
+        head = (f"plan  {params / 1e9:.2f} B-parameter model on {p.gpus} × {self.hardware.name}, global "
                 f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; predicted by {self.basis}")
         rows = self.rows(n)
         lines = [head]

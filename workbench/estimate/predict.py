@@ -77,7 +77,8 @@ def _cpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params, memory=stage_memory(st),
                                     flops=f, compute_s=own_s, comm=tuple(c for c in comm if c.calls)))
     return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=tuple(stages),
-                    model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=ASSUMPTIONS)
+                    model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=ASSUMPTIONS,
+                    model_params=_model_params(cfg, shapes[0].profile))
 
 
 def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: list[float],
@@ -119,7 +120,7 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
     achieved = efficiency or executed / compute_s / hw.peak(cfg.precision)
     return Estimate(config=cfg, hardware=hw, efficiency=achieved, stages=tuple(stages),
                     model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=GPU_ASSUMPTIONS,
-                    features=features)
+                    features=features, model_params=_model_params(cfg, shapes[0].profile))
 
 
 def _action_times(shapes: list[Stage], dt: Dtypes, features: Features, hw: Hardware,
@@ -158,6 +159,11 @@ def _model_flops(cfg: Config, profile: ModelProfile | None = None) -> float:
     if profile is None:
         return flops_per_token(cfg.model, cfg.seq_len) * cfg.tokens_per_step
     return profile.per_token(profile.model_flops) * cfg.tokens_per_step
+
+
+def _model_params(cfg: Config, profile: ModelProfile | None = None) -> int:
+    """The whole model's parameters, a tied one once: the built-in model's count, or the traced model's."""
+    return cfg.model.num_params if profile is None else profile.params
 
 
 def grad_sync_bytes_per_step(cfg: Config, hardware: str | Hardware = "h100") -> int:

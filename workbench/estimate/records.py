@@ -158,6 +158,8 @@ class Estimate:
     assumptions: tuple[str, ...] = ()
     features: Features = NO_FEATURES
     """Published-run settings beyond the engine that this estimate modelled (`options.Features`)."""
+    model_params: int = 0
+    """The whole model's parameters (a tied one once): the built-in model's count, or a traced model's."""
 
     @property
     def peak_stage(self) -> StageEstimate:
@@ -240,7 +242,7 @@ def render(est: Estimate) -> str:
     lines = [
         f"estimate  {cfg.layout} on {cfg.world_size} × {hw.name} ({'measured' if hw.measured else 'datasheet'}, "
         f"{hw.kind} kernels{features})",
-        f"model     {si(cfg.model.num_params, '').rstrip().replace('G', 'B')} parameters, "
+        f"model     {si(est.model_params, '').rstrip().replace('G', 'B')} parameters, "
         f"{si(est.flops_per_token, 'FLOP')}/token "
         f"at seq_len {cfg.seq_len}; {cfg.tokens_per_step:,} tokens/step",
         f"memory per rank{where}" + (", each category at its own peak" if mem.allocated else ""),
