@@ -167,3 +167,27 @@ def test_the_facts_are_the_model_layers_own(bench):
     assert _shown(c) == ("tiny-moe", facts.params) and facts.params == own
     assert facts.support["cp"] and f"✗ cp: {facts.support['cp']}" in c.picker.facts.value
     assert "✓ ep" in c.picker.facts.value
+
+
+def test_the_dashboard_draws_a_model_chosen_in_the_picker(bench, qwen3_folder):
+    """Applied and trained from the dashboard, a Hugging Face model fills the plots like the built-in one; the experts'
+    panels say why they have nothing (its router is its own), rather than fail."""
+    from tests.ui.test_dashboard import _until
+    from workbench.ui.dashboard import dashboard
+
+    d = dashboard(bench)
+    try:
+        d.controls.model.value = HF_FOLDER
+        d.controls.picker.folder.value = str(qwen3_folder[0])
+        d.controls.apply_button.click()
+        d.controls.wait(10)
+        d.controls.steps.value = 5
+        d.controls.train_button.click()
+        d.controls.wait(10)
+        loss = d.plots.figures["loss"]
+        _until(lambda: loss.data[0].x is not None and len(loss.data[0].x) == 5)
+        assert d.plots.refresh(force=True)
+        assert "expert_load" in d.plots.absent and "the experts' load is measured in the built-in" in \
+            d.plots.absent["expert_load"]
+    finally:
+        d.close()
