@@ -186,6 +186,15 @@ def test_a_dense_hugging_face_model_is_estimated_and_planned_on_a_gpu_by_its_own
     assert wb.HFModel(_families()["mixtral"]).is_moe_layer(0)
 
 
+def test_a_module_of_ones_own_is_refused_by_the_estimator_saying_why():
+    """Its depth, width and heads are known only once built, and the trace does not measure heads yet."""
+    source = wb.CustomModel("tests.models.custom_models:tiny_gpt")
+    for call in (lambda: wb.estimate(wb.Config(model=source, dp=2, seq_len=32), "cpu"),
+                 lambda: wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=256)):
+        with pytest.raises(wb.ConfigError, match="^model: the estimator cannot yet price a module of your own"):
+            call()
+
+
 @pytest.mark.slow
 def test_a_qwen3_8b_plan_on_64_h100s_is_made_on_fake_tensors():
     """Qwen3-8B's published shape, never allocated: the plan ranks layouts by its traced figures; its parameter

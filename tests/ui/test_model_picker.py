@@ -191,3 +191,27 @@ def test_the_dashboard_draws_a_model_chosen_in_the_picker(bench, qwen3_folder):
             d.plots.absent["expert_load"]
     finally:
         d.close()
+
+
+def test_a_factory_chosen_in_the_picker_trains_and_the_estimate_says_why_it_has_no_prediction(bench, tmp_path):
+    """The estimator cannot price a module of one's own yet: the dashboard and the report say so in a line, and
+    everything else draws."""
+    from tests.ui.test_dashboard import _until
+    from workbench.ui.dashboard import dashboard
+
+    d = dashboard(bench)
+    try:
+        d.controls.model.value = FACTORY
+        d.controls.picker.factory.value = GPT
+        d.controls.apply_button.click()
+        d.controls.wait(10)
+        assert bench.config.model == wb.CustomModel(GPT)
+        d.controls.steps.value = 3
+        d.controls.train_button.click()
+        d.controls.wait(10)
+        _until(lambda: "No prediction: model: the estimator cannot yet price a module of your own" in
+               d.predicted.value)
+        assert "expert_load" in d.plots.absent
+    finally:
+        d.close()
+    assert "No prediction" in bench.report(tmp_path / "run.html").read_text()
