@@ -125,6 +125,21 @@ for name in ("gradients", "optimizer", "activations"):
     assert abs(measured[name] - getattr(predicted, name)) <= 0.005 * getattr(predicted, name), name
 assert inside == outside
 """,
+    "09_your_own_model": """
+assert qwen_facts.params == sum(p.numel() for p in own.parameters()), "the count is transformers' own class's"
+assert qwen_facts.support["ep"] and not any(w for a, w in qwen_facts.support.items() if a != "ep"), "all but ep apply"
+assert set(worst) == {"dp2 zero3", "tp2", "pp2"} and max(worst.values()) < 1e-5, f"one process's losses: {worst}"
+assert [r.name for r in bench.run_records][:3] == list(layouts), "every apply is a run of its own"
+assert {f.name for f in files} == {"model.safetensors", "config.json"}
+assert not info["missing_keys"] and not info["unexpected_keys"], "transformers opens it with nothing missing"
+assert ours.step == step and abs(ours.loss - theirs) <= 1e-5 * theirs, "the export's loss is the ranks' next step's"
+assert big.model_params == 8_190_735_360 and big.fits and cluster.world_size == 64, "8.19 B parameters; it fits"
+assert mine_facts.params == sum(p.numel() for p in my_model.build(dim=64, layers=2, heads=4).parameters())
+assert refusal.startswith("tp: ") and "no tensor-parallel plan" in refusal, refusal
+assert mine_worst < 1e-5, f"tp2 trains the module's own losses: {mine_worst}"
+assert saved["model"]["source"] == "custom" and saved["model"]["plan"] == my_model.PLAN
+assert any("your own module" in u for u in exported_run.unexpressed), "the export says torchtitan cannot train it"
+""",
 }
 
 PRINTED: dict[str, list[tuple[str, str]]] = {

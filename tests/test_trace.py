@@ -169,6 +169,33 @@ def test_a_model_built_on_the_meta_device_traces_as_one_built_on_fake_tensors():
         meta.block(i).params for i in range(3)) + meta.norm_params
 
 
+def test_a_dense_hugging_face_model_is_estimated_and_planned_on_a_gpu_by_its_own_count():
+    """`wb.estimate` and `wb.plan` of an HFModel on the GPU kernel model: the layers it routes are its config's, and
+    the parameter count printed is the trace's, which is transformers' numel (not the built-in model's formula)."""
+    from transformers import AutoModelForCausalLM
+
+    config = _families()["qwen3"]
+    numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    source = wb.HFModel(config)
+    est = wb.estimate(wb.Config(model=source, dp=4, tp=2, zero=3, seq_len=256, batch_size=8, precision="bf16"), "h100")
+    assert est.model_params == numel and f"model     {round(numel / 1e3)} k parameters," in str(est)
+    planned = wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=256, max_micro_batches=2)
+    assert planned.best.estimate.fits and f"plan  {numel / 1e9:.2f} B-parameter model" in planned.table()
+    assert [source.is_moe_layer(i) for i in range(3)] == [False] * 3
+    moe = wb.HFModel(_families()["qwen3_moe"])  # decoder_sparse_step=2: every second block routes
+    assert [moe.is_moe_layer(i) for i in range(3)] == [False, True, False]
+    assert wb.HFModel(_families()["mixtral"]).is_moe_layer(0)
+
+
+def test_a_module_of_ones_own_is_refused_by_the_estimator_saying_why():
+    """Its depth, width and heads are known only once built, and the trace does not measure heads yet."""
+    source = wb.CustomModel("tests.models.custom_models:tiny_gpt")
+    for call in (lambda: wb.estimate(wb.Config(model=source, dp=2, seq_len=32), "cpu"),
+                 lambda: wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=256)):
+        with pytest.raises(wb.ConfigError, match="^model: the estimator cannot yet price a module of your own"):
+            call()
+
+
 @pytest.mark.slow
 def test_a_qwen3_8b_plan_on_64_h100s_is_made_on_fake_tensors():
     """Qwen3-8B's published shape, never allocated: the plan ranks layouts by its traced figures; its parameter

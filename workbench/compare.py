@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Literal
 
+from workbench.config import ConfigError
 from workbench.estimate.records import Estimate
 from workbench.telemetry.events import StepMetrics
 
@@ -124,6 +125,9 @@ def predicted_memory_on(cfg: "Config", capabilities: dict) -> dict[int, dict[str
     hardware = cpu_with_peak(cfg.precision, 1.0) if profile == "cpu" else profile
     try:
         return predicted_memory(estimate(cfg, hardware), cfg)
+    except ConfigError as e:  # what the estimator says it cannot price: why, in one line
+        log.warning("no memory estimate for %s: %s", cfg.layout, e)
+        return {}
     except Exception:  # noqa: BLE001 - shown beside the measured memory when there is one; nothing else hangs on it
         log.warning("no memory estimate for %s", cfg.layout, exc_info=True)
         return {}

@@ -19,6 +19,7 @@ from typing import Any
 from workbench import checkpointing, checkpoints, kernel, training
 from workbench.compare import predicted_memory_on
 from workbench.config import Config, ConfigError, HFModel, ModelConfig, keeps_weights
+from workbench.config.support import ModelFacts, builtin_facts
 from workbench.corpus import check_corpus
 from workbench.emulated import Emulation
 from workbench.emulation import Cluster
@@ -29,6 +30,7 @@ from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.runs import LayoutChange, RunRecord
 from workbench.telemetry.store import TelemetryStore
 from workbench.training import Run
+
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,21 @@ class Workbench:
         cfg.check_device(caps["name"], fp16=caps["fp16"], bf16=caps["bf16"], fp8=caps.get("fp8", False),
                          cuda=caps["device"].startswith("cuda"), mx=caps.get("mx", False))
         Emulation.check(cfg, self.cluster)
+
+    def describe_model(self, model: Any = None) -> ModelFacts:
+        """What a model source is (the current Config's when None): its name, parameter count, blocks and, per
+        layout choice, None where its family supports it, else why not (`workbench.config.support.ModelFacts`).
+        Touches no rank: the built-in model from its shape, any other built on the meta device here; a model that
+        cannot be built is refused as a ConfigError."""
+        if model is None:
+            if self.config is None:
+                raise RuntimeError("no model yet: pass one, or call bench.apply(wb.Config(...)) first")
+            model = self.config.model
+        if isinstance(model, ModelConfig):
+            return builtin_facts(model)  # no torch in the notebook for the built-in model
+        from workbench.models.check import describe  # torch here only for another model source
+
+        return describe(model)
 
     @property
     def capabilities(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.config import ModelConfig
+from workbench.config import PRESETS, ModelConfig
 from workbench.models.protocol import CausalLM, Parts, Unsupported, chunk
 from workbench.models.transformer import Transformer, build_model, rotary_table
 
@@ -104,3 +104,19 @@ def test_defaults_refuse_what_a_model_does_not_say():
     support = model.layout_support()
     assert "no tensor-parallel plan" in support["tp"] and "one block" in support["pp"]
     assert support["dp"] is None and support["zero"] is None
+
+
+@pytest.mark.parametrize("name", [*PRESETS, "one block", "moe every other block"])
+def test_the_built_in_models_facts_from_its_shape_are_its_built_models(name):
+    """The dashboard describes the built-in model from its shape (no torch in the notebook): the same name, count,
+    blocks and support as the model built on the meta device says, counted from its own parameters."""
+    from workbench.config.support import builtin_facts
+    from workbench.models.check import describe
+
+    model = {"one block": ModelConfig(dim=64, n_layers=1, n_heads=4),
+             "moe every other block": ModelConfig(dim=64, n_layers=4, n_heads=4, n_experts=4, moe_every=2)}.get(
+        name) or PRESETS[name]
+    built = describe(model)
+    assert builtin_facts(model) == built
+    with torch.device("meta"):
+        assert built.params == sum(p.numel() for p in Transformer(model).parameters())

@@ -4,6 +4,7 @@
 - `model.py`      `ModelConfig` (the model's shape, validating itself) and the named `PRESETS`.
 - `sources.py`    the other model sources: `HFModel` (a Hugging Face config, weights) and `CustomModel` (a factory).
 - `params.py`     parameter counts of a shape: the one home for them (total, per block, matmul, MoE stored/active).
+- `support.py`    what a model is and which layout choices it supports (`ModelFacts`); the built-in's from its shape.
 - `degrees.py`    `Degrees` (pp, dp_replicate, dp_shard, cp, tp, ep) and the pure `MeshLayout` they make.
 - `rules.py`      the rules across fields (`RULES`, in order), each refusal naming the field and a fix.
 - `refusals.py`   `ConfigError`, the message shape, and type/range checks read from the type hints.

@@ -154,6 +154,14 @@ class HFModel:
     def n_experts(self) -> int:
         return _int_or_none(self.config, "num_experts", "num_local_experts", "n_routed_experts") or 0
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block `layer` routes its tokens to experts (transformers' rule: every block of a mixture of experts
+        but those in `mlp_only_layers`, and only every `decoder_sparse_step`-th where the config says one)."""
+        data = self.config
+        if not self.n_experts or layer in (data.get("mlp_only_layers") or []):
+            return False
+        return (layer + 1) % (_int_or_none(data, "decoder_sparse_step") or 1) == 0
+
     @property
     def vocab_size(self) -> int | None:
         return _int_or_none(self.config, "vocab_size")

@@ -11,13 +11,13 @@ model is for the dashboard: its name, its parameter count and, per layout choice
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
 from workbench.config import Config, ConfigError, CustomModel, HFModel, ModelConfig
 from workbench.config.model import BYTE_VOCAB
 from workbench.config.refusals import refuse
+from workbench.config.support import ModelFacts
 from workbench.config.tokenizer import tokenizer_info
 from workbench.models.build import ModelSource, meta_model, parameter_count
 from workbench.models.protocol import CausalLM, Unsupported
@@ -26,18 +26,6 @@ from workbench.schedules import config_stages
 
 CHECKED_FORWARD_PARAMS = 50_000_000
 """A user's module up to this size is built whole on the host once, to hold its own forward to the protocol's."""
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What a model source is, as plain values (the dashboard's model picker shows them)."""
-
-    name: str
-    params: int
-    """Parameters, a tied one once."""
-    blocks: int
-    support: dict[str, str | None]
-    """Per layout choice (`protocol.AXES`): None where the model supports it, else why not."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -57,6 +45,7 @@ def as_refusal(error: Unsupported, field: str = "model") -> ConfigError:
 
 
 def describe(source: ModelSource) -> ModelFacts:
+    """What `source` is, from its model built on the meta device (`workbench.config.support.ModelFacts`)."""
     model = checked_model(source)
     return ModelFacts(name=source.name, params=parameter_count(model), blocks=len(model.block_modules),
                       support=model.layout_support())

@@ -57,8 +57,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-AXES = ("dp", "zero", "tp", "pp", "cp", "ep", "activation_checkpointing", "compile")
-"""The layout choices a model may or may not support (`CausalLM.support`)."""
+from workbench.config.support import AXES, DENSE, ONE_BLOCK  # the reasons, shared with the built-in's facts
 
 
 class Unsupported(ValueError):
@@ -193,11 +192,11 @@ class CausalLM(nn.Module):
             out["tp"] = f"{type(self).__name__} has no tensor-parallel plan: pass one (plan={{...}})"
         try:
             if not self.routed_experts():
-                out["ep"] = "a dense model: no experts to split"
+                out["ep"] = DENSE
         except Unsupported as e:
             out["ep"] = str(e)
         if len(self.block_modules) < 2:
-            out["pp"] = "one block: nothing to split into stages"
+            out["pp"] = ONE_BLOCK
         return out
 
 

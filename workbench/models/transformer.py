@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.config.support import MOE_WHOLE_SEQUENCES
 from workbench.models.protocol import AttentionKernel, CausalLM, Experts, Parts
 
 
@@ -307,8 +308,7 @@ class Transformer(CausalLM):
     def layout_support(self) -> dict[str, str | None]:
         support = super().layout_support()
         if self.cfg.n_experts:
-            support["cp"] = ("a mixture of experts routes whole sequences (its capacity and balancing loss are per "
-                             "sequence), so splitting them would change the model")
+            support["cp"] = MOE_WHOLE_SEQUENCES
         return support
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import statistics
 
+from workbench.config import ConfigError
 from workbench.hardware import profile_for, si
 from workbench.telemetry.runs import Snapshot
 
@@ -43,13 +44,17 @@ def comparison_table(snap: Snapshot, device: str, device_name: str = "") -> str:
                 "it.</p>")
     else:
         hardware, note = profile, ""
+    title = f"Predicted beside measured ({html.escape(change.layout)}, {html.escape(profile)})"
+    try:
+        est = estimate(change.config, hardware)
+    except ConfigError as e:  # a model the estimator cannot price: said, not guessed
+        return f"<h2>{title}</h2><p style='font-size:12px;color:#666'>No prediction: {html.escape(str(e))}</p>"
     cells = [(r.quantity, _fmt(r.predicted, r.unit),
               _fmt(r.measured, r.unit) + ("" if r.measured_step is None else f" (at step {r.measured_step})"),
               "" if r.error_pct is None else f"{r.error_pct:+.1f}%")
-             for r in compare(estimate(change.config, hardware), metrics)]
+             for r in compare(est, metrics)]
     head = "".join(f"<th>{h}</th>" for h in ("quantity", "predicted", "measured", "error"))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
-    title = f"Predicted beside measured ({html.escape(change.layout)}, {html.escape(profile)})"
     return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>{note}"
 
 

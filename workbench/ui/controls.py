@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.config import PRESETS, Config, ConfigError, ModelConfig, keeps_weights
+from workbench.config import Config, ConfigError, keeps_weights
 from workbench.ui.actions import ActionRunner, Confirm
 from workbench.ui.fields import CONTROLS, Values, read
+from workbench.ui.model_picker import ModelPicker
 
 if TYPE_CHECKING:
     from workbench.workbench import Workbench
@@ -33,19 +34,19 @@ class Controls:
     """The inputs for everything in a Config a user explores, the action buttons and the status lines.
 
     The inputs come from the table `workbench.ui.fields.CONTROLS` (one row per Config field); each is an
-    attribute named after its row (`controls.dp`, `controls.recompute`). The model is chosen here, among
-    the presets (and the shape of the Config shown, when it is none of them).
+    attribute named after its row (`controls.dp`, `controls.recompute`). The model is chosen by `picker`
+    (`workbench.ui.model_picker`): a preset, a Hugging Face config folder or a factory of one's own; `model` is
+    its dropdown.
     """
 
     def __init__(self, bench: "Workbench") -> None:
         self.bench = bench
         world = bench.pool.world_size
         cfg = bench.config or Config(dp=world, batch_size=max(16, world * 8))
-        self._models: dict[str, ModelConfig] = dict(PRESETS)
         self._shown = cfg
         """The Config last shown in the inputs: fields without a control, and inactive ones, come from it."""
-        self.model = widgets.Dropdown(description="model", options=list(self._models), value=self._model_name(cfg),
-                                      style=_LABEL, layout=widgets.Layout(width="180px"))
+        self.picker = ModelPicker(cfg.model)
+        self.model = self.picker.dropdown
         self.fields: dict[str, widgets.ValueWidget] = {}
         """The table's widgets by row name, in table order."""
         for control in CONTROLS:
@@ -109,7 +110,7 @@ class Controls:
 
     @property
     def inputs(self) -> list[widgets.ValueWidget]:
-        return [self.model, *self.fields.values()]
+        return [*self.picker.inputs, *self.fields.values()]
 
     def _layout(self) -> widgets.Widget:
         row = lambda ws: widgets.HBox(list(ws), layout=widgets.Layout(flex_flow="row wrap", align_items="center",
@@ -121,7 +122,8 @@ class Controls:
         """The lines of inputs by the name the table gives them."""
         buttons = (self.apply_button, self.steps, self.train_button, self.stop_button, self.restart_button)
         files = (self.path, self.save_button, self.load_button, self.export_button, self.report_button)
-        box = widgets.VBox([*self.lines.values(), row(buttons + files), self.confirm.widget, self.message,
+        first, *rest = self.lines.values()  # the model's own inputs and facts under the line that chooses it
+        box = widgets.VBox([first, self.picker.widget, *rest, row(buttons + files), self.confirm.widget, self.message,
                             self.explain, self.status],
                            layout=widgets.Layout(border="1px solid #ddd", padding="6px 10px", margin="0 0 6px 0"))
         box.add_class("workbench-controls")
@@ -130,7 +132,7 @@ class Controls:
     # -- inputs → Config ------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
         """The Config keyword arguments the inputs describe (raises ConfigError for an impossible model edit)."""
-        said = self._said()
+        said = self._said(self.picker.source())  # a folder or factory the model sources refuse raises here
         changes: dict[str, Any] = {}
         for control in CONTROLS:
             if control.active(said):  # an input that does not apply leaves its field as shown
@@ -141,28 +143,21 @@ class Controls:
             kwargs[name] = _assemble(kwargs[name], value, name) if isinstance(value, dict) else value
         return kwargs
 
-    def _said(self, model: ModelConfig | None = None) -> Values:
+    def _said(self, model: Any = None) -> Values:
         """Every input's value by Config field (the chosen model as it is), to decide what applies and explain it."""
         said = {f.name: getattr(self._shown, f.name) for f in dataclasses.fields(self._shown)}
-        said["model"] = model or self._models[self.model.value]
+        said["model"] = model or self.picker.source_or(self._shown.model)
         for control in CONTROLS:
             if len(control.path) == 1:
                 said[control.path[0]] = self.fields[control.name].value
         return Values(**said)
 
-    def _model_name(self, cfg: Config) -> str:
-        """The model dropdown's entry for cfg's model (a new "current (custom)" entry when it is no preset)."""
-        name = next((n for n, m in self._models.items() if _same_but_routing(m, cfg.model)), None)
-        if name is None:
-            name = "current (custom)"
-            self._models[name] = cfg.model
-            if hasattr(self, "model"):
-                self.model.options = list(self._models)
-        return name
-
     def _show_values(self, cfg: Config) -> None:
         for control in CONTROLS:
-            widget, value = self.fields[control.name], read(cfg, control.path)
+            try:
+                widget, value = self.fields[control.name], read(cfg, control.path)
+            except AttributeError:
+                continue  # the built-in model's routing, on another model: the input stays, inactive
             options = getattr(widget, "options", None)
             if options is not None and value not in [o[1] if isinstance(o, tuple) else o for o in options]:
                 continue  # e.g. a degree this pool cannot offer: the widget keeps its own
@@ -171,7 +166,7 @@ class Controls:
     def set_config(self, cfg: Config) -> None:
         """Show `cfg` in the inputs (validated like any user change)."""
         self._shown = cfg
-        name = self._model_name(cfg)
+        name = self.picker.entry(cfg.model)  # before holding: a new entry changes the options
         with self.model.hold_trait_notifications():
             self.model.value = name
             self._show_values(cfg)
@@ -194,6 +189,7 @@ class Controls:
         said = self._said(self.config.model if self.config is not None else None)
         for control in CONTROLS:
             self.fields[control.name].disabled = not control.active(said)
+        self.picker.refresh(self.bench.describe_model)
         self._show()
         return self.config
 
@@ -388,10 +384,6 @@ def _assemble(base: Any, changes: dict[str, Any], where: str) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. an empty number field: said inline like any refusal
         raise ConfigError(f"{where}: {e}") from e
-
-
-def _same_but_routing(a: ModelConfig, b: ModelConfig) -> bool:
-    return a.same_weights(b) and a.n_experts == b.n_experts
 
 
 def _line(ok: bool, text: str) -> str:

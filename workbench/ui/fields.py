@@ -33,7 +33,7 @@ import ipywidgets as widgets
 
 from workbench.config import ASYNC_TP_HELP, COMPILE_HELP, COMPRESSION_HELP, CUDA_GRAPHS_HELP, FP8, OFFLOAD_HELP
 from workbench.config import OPTIMIZER_HELP
-from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, divisors
+from workbench.config import PRECISION_HELP, RECOMPUTE_HELP, SCHEDULE_HELP, ZERO_HELP, Config, ModelConfig, divisors
 from workbench.schedules import MULTI_STAGE
 
 Values = SimpleNamespace
@@ -110,7 +110,8 @@ def _zero_help(v: Values) -> str:
 
 
 def _moe(v: Values) -> bool:
-    return bool(v.model.n_experts)
+    """The built-in model's routing settings apply (another model routes as its own config or code says)."""
+    return isinstance(v.model, ModelConfig) and bool(v.model.n_experts)
 
 
 def _moe_help(v: Values) -> str | None:
@@ -119,6 +120,8 @@ def _moe_help(v: Values) -> str | None:
         return None
     split = (f"ep={v.ep}: experts split over that many dp ranks, tokens sent to them by all-to-all" if v.ep > 1
              else "ep=1: every dp rank holds every expert")
+    if not isinstance(m, ModelConfig):
+        return f"mixture of experts: {m.n_experts} experts, routed as the model's own config says; " + split
     return (f"mixture of experts: {m.n_experts} experts, top-{m.top_k}, each expert takes at most "
             f"{m.expert_capacity(v.seq_len)} of a sequence's assignments (capacity factor {m.capacity_factor}); "
             + split)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from workbench.config import ModelConfig
 from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.communication import draw_sync_bytes, setup_sync_bytes
 from workbench.ui.panels.experts import draw_expert_load, draw_routing, setup_expert_load, setup_routing
@@ -57,6 +58,9 @@ def _no_experts(snap: Snapshot) -> str | None:
     cfg = snap.config
     if cfg is None:
         return "appears when a mixture of experts is applied (model preset \"tiny-moe\")"
+    if not isinstance(cfg.model, ModelConfig):  # its router is its own: the ranks measure the built-in one's
+        return (f"{cfg.model.name}: the experts' load is measured in the built-in mixture of experts (a ModelConfig "
+                "with n_experts, e.g. \"tiny-moe\")")
     return None if cfg.model.n_experts else "dense model: no experts (a ModelConfig with n_experts, e.g. \"tiny-moe\")"
 
 

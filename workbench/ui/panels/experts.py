@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from workbench.config import ModelConfig
 from workbench.telemetry.events import StepMetrics
 from workbench.telemetry.runs import Snapshot
 from workbench.ui.panels.style import axes_visible, base_layout, note
@@ -24,13 +25,19 @@ def _no_experts_note(snap: Snapshot, steps: tuple[StepMetrics, ...]) -> str | No
     return None if steps else "no steps yet"
 
 
+def _moe_layers(snap: Snapshot) -> tuple[int, ...]:
+    """The built-in model's mixture-of-experts blocks, by index (another model's router reports no load)."""
+    model = snap.config.model if snap.config is not None else None
+    return model.moe_layers if isinstance(model, ModelConfig) else ()
+
+
 def draw_expert_load(fig: go.Figure, snap: Snapshot) -> None:
     """The router's assignments per MoE layer × expert in the latest step's global batch, as the ranks agreed them."""
     steps = tuple(m for m in snap.steps(0) if m.expert_load)
     latest = steps[-1] if steps else None
     heat = fig.data[0]
     heat.z = [list(row) for row in latest.expert_load] if latest else None
-    names = snap.config.model.moe_layers if latest and snap.config is not None else ()
+    names = _moe_layers(snap) if latest else ()
     heat.y = [f"layer {i}" for i in names] if latest and len(names) == len(latest.expert_load) else None
     if latest is None:
         fig.layout.title.text = "Expert load"
@@ -66,7 +73,7 @@ def draw_routing(fig: go.Figure, snap: Snapshot) -> None:
     same_shape = [m for m in steps if len(m.tokens_dropped) == layers]
     dropped.x = [m.step for m in same_shape] or None
     dropped.z = [[m.tokens_dropped[i] for m in same_shape] for i in range(layers)] or None
-    names = snap.config.model.moe_layers if snap.config is not None else ()
+    names = _moe_layers(snap)
     dropped.y = [f"layer {i}" for i in names] if len(names) == layers else None
     if steps:
         last = steps[-1]
