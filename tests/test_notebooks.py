@@ -137,6 +137,7 @@ assert big.model_params == 8_190_735_360 and big.fits and cluster.world_size == 
 assert mine_facts.params == sum(p.numel() for p in my_model.build(dim=64, layers=2, heads=4).parameters())
 assert refusal.startswith("tp: ") and "no tensor-parallel plan" in refusal, refusal
 assert mine_worst < 1e-5, f"tp2 trains the module's own losses: {mine_worst}"
+assert mine_est.model_params == mine_facts.params, "the trace counts the module's own parameters"
 assert saved["model"]["source"] == "custom" and saved["model"]["plan"] == my_model.PLAN
 assert any("your own module" in u for u in exported_run.unexpressed), "the export says torchtitan cannot train it"
 """,

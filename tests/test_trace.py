@@ -187,13 +187,26 @@ def test_a_dense_hugging_face_model_is_estimated_and_planned_on_a_gpu_by_its_own
     assert wb.HFModel(_families()["mixtral"]).is_moe_layer(0)
 
 
-def test_a_module_of_ones_own_is_refused_by_the_estimator_saying_why():
-    """Its depth, width and heads are known only once built, and the trace does not measure heads yet."""
+def test_a_module_of_ones_own_is_estimated_and_planned_from_its_trace_and_its_failures_refuse_what_they_touch():
+    """Its depth, width and heads are known only once built: the trace's. Layouts the built module cannot take (a pp
+    its 4 blocks do not divide, bf16 parameters its rotary's fp32 tables cannot meet in attention) are refused each
+    with the reason, the others planned; asked for directly, such a precision is refused naming the model."""
+    from tests.models.custom_models import tiny_gpt
+
     source = wb.CustomModel("tests.models.custom_models:tiny_gpt")
-    for call in (lambda: wb.estimate(wb.Config(model=source, dp=2, seq_len=32), "cpu"),
-                 lambda: wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=256)):
-        with pytest.raises(wb.ConfigError, match="^model: the estimator cannot yet price a module of your own"):
-            call()
+    numel = sum(p.numel() for p in tiny_gpt().parameters())
+    est = wb.estimate(wb.Config(model=source, dp=2, seq_len=32), "cpu")
+    assert est.model_params == numel and est.fits and est.step_time_s > 0
+    planned = wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=256, max_micro_batches=2)
+    assert planned.best.estimate.model_params == numel
+    reasons = {c.refused for c in planned.refused}
+    assert "invalid: 8 pipeline stages do not divide 4 layers; choose a divisor of n_layers" in reasons
+    assert any(c.config is None and c.choice.get("mixed_precision") == "fsdp" for c in planned.refused)
+    assert all(c.config.mixed_precision != "fsdp" and c.config.pp in (1, 2, 4) for c in planned.ranked)
+    with pytest.raises(wb.ConfigError, match=r"^model: tests.models.custom_models:tiny_gpt failed one forward and "
+                                             r"backward with bf16 parameters on fake tensors"):
+        wb.estimate(wb.Config(model=source, dp=2, zero=3, seq_len=32, precision="bf16", mixed_precision="fsdp"),
+                    "h100")
 
 
 @pytest.mark.slow

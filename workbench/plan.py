@@ -253,8 +253,13 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
         except ConfigError as e:
             refused.append(Candidate(choice, None, None, f"invalid: {e}"))
             continue
-        model_profile = traced(traced_precision(cfg)) if callable(traced) else traced
-        est = estimate(cfg, hw, efficiency=efficiency, features=features, traced=model_profile)
+        try:
+            model_profile = traced(traced_precision(cfg)) if callable(traced) else traced
+            est = estimate(cfg, hw, efficiency=efficiency, features=features, traced=model_profile)
+        except ValueError as e:  # what only the trace knows: a module of one's own says its depth once built, and
+            # one may fail in a precision (ConfigError, a ValueError), which refuses the layouts that train in it
+            refused.append(Candidate(choice, None, None, f"invalid: {e}"))
+            continue
         if est.fits:
             ranked.append(Candidate(choice, cfg, est))
         else:

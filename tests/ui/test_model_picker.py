@@ -193,9 +193,9 @@ def test_the_dashboard_draws_a_model_chosen_in_the_picker(bench, qwen3_folder):
         d.close()
 
 
-def test_a_factory_chosen_in_the_picker_trains_and_the_estimate_says_why_it_has_no_prediction(bench, tmp_path):
-    """The estimator cannot price a module of one's own yet: the dashboard and the report say so in a line, and
-    everything else draws."""
+def test_a_factory_chosen_in_the_picker_trains_and_its_traced_estimate_is_drawn_beside_the_measurement(bench, tmp_path):
+    """A module of one's own is estimated from its trace like any other model: the dashboard's predicted-beside-
+    measured table and the report have its prediction, and everything else draws."""
     from tests.ui.test_dashboard import _until
     from workbench.ui.dashboard import dashboard
 
@@ -209,9 +209,10 @@ def test_a_factory_chosen_in_the_picker_trains_and_the_estimate_says_why_it_has_
         d.controls.steps.value = 3
         d.controls.train_button.click()
         d.controls.wait(10)
-        _until(lambda: "No prediction: model: the estimator cannot yet price a module of your own" in
-               d.predicted.value)
+        _until(lambda: "<table>" in d.predicted.value)
+        assert "No prediction" not in d.predicted.value and "memory: activations" in d.predicted.value
         assert "expert_load" in d.plots.absent
     finally:
         d.close()
-    assert "No prediction" in bench.report(tmp_path / "run.html").read_text()
+    report = bench.report(tmp_path / "run.html").read_text()
+    assert "Predicted beside measured" in report and "No prediction" not in report

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from workbench.config import Config, ConfigError, CustomModel, ModelConfig
+from workbench.config import Config, ConfigError, ModelConfig
 from workbench.estimate import Estimate
 from workbench.estimate import estimate as estimate_from
 from workbench.estimate.options import NO_FEATURES, Features
@@ -29,7 +29,16 @@ def traced_profile(model: Any, seq_len: int, precision: str = "fp32") -> ModelPr
     precision): the dashboard re-estimates on every change without tracing again."""
     from workbench.tracing.trace import trace
 
-    return trace(_builder(model), seq_len=seq_len, precision=precision, name=_name(model))
+    try:
+        return trace(_builder(model), seq_len=seq_len, precision=precision, name=_name(model))
+    except Exception as e:
+        if isinstance(model, ModelConfig):
+            raise  # the built-in model always traces: a failure here is the workbench's, with its traceback
+        # A model of the user's that fails one forward and backward on fake tensors would fail on the ranks too.
+        mode = {"fp32": "in fp32", "low": "under bf16 autocast", "bf16_params": "with bf16 parameters"}[precision]
+        raise ConfigError(f"model: {_name(model)} failed one forward and backward {mode} on fake tensors, which "
+                          f"the estimate traces ({type(e).__name__}: {e}); its ranks would fail the same way. Fix: "
+                          "make the model run in that precision, or estimate another precision") from e
 
 
 def _builder(model: Any):
@@ -48,7 +57,6 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     """Predicted per-rank memory, FLOPs, communication and step time of `cfg` on `hardware` (`workbench.estimate`'s
     docs), for any model. trace: None traces every model but the built-in one (whose formulas are exact); True
     traces the built-in one too (what the tests hold to its formulas), False never traces."""
-    _estimable(cfg.model)
     traced = _traced(cfg.model, cfg.seq_len, traced_precision(cfg), trace)
     return estimate_from(cfg, hardware, efficiency=efficiency, features=features, traced=traced)
 
@@ -60,20 +68,10 @@ def plan(model: Any, hardware: str | Hardware = "h100", gpus: int = 8, global_ba
     any model: one trace per precision the candidates run in serves them all (they share the sequence length).
     traced: profiles already made (`workbench.plan.plan`'s), read instead of tracing `model`."""
     model = ModelConfig.preset(model) if isinstance(model, str) else model
-    _estimable(model)
     if traced is None and (not isinstance(model, ModelConfig) if trace is None else trace):
         traced = functools.partial(traced_profile, model, seq_len)
     return plan_from(model, hardware, gpus, global_batch, seq_len=seq_len, precision=precision, traced=traced,
                      **kwargs)
-
-
-def _estimable(model: Any) -> None:
-    """Refuse, naming why, a model the estimator's arithmetic cannot price yet: a module of one's own says its depth,
-    width and attention heads only once built, and the trace does not yet measure its heads."""
-    if isinstance(model, CustomModel):
-        raise ConfigError(f"model: the estimator cannot yet price a module of your own ({model.factory}): its "
-                          "arithmetic reads the depth, width and attention heads, which such a module says only once "
-                          "built. Fix: estimate a wb.ModelConfig or a wb.HFModel of the same shape.")
 
 
 def _traced(model: Any, seq_len: int, precision: str, trace: bool | None) -> ModelProfile | None:
