@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -184,7 +185,8 @@ def test_killing_the_notebook_process_ends_every_rank_and_removes_its_private_fo
     deadline = time.monotonic() + 10
     while os.path.exists(folder) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(folder), "the ranks removed their dead driver's private folder"
+    left = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*")) if os.path.exists(folder) else None
+    assert left is None, f"the ranks removed their dead driver's private folder; left in it: {left}"
 
 
 def test_the_next_pool_sweeps_private_folders_of_dead_drivers(tmp_path):

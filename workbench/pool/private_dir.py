@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def _alive(pid: int, started: str | None) -> bool:
         return True  # someone else's process: not ours to judge
     return started is None or _start_time(pid) in (None, started)
 
+
+_removing = threading.Lock()
 
 DRIVER_PID = "WORKBENCH_DRIVER_PID"
 """The environment variable that names a local rank's driver (the notebook's process): its parent, unless a
@@ -81,12 +84,16 @@ def remove_if_driver_gone(path: str | None, driver_pid: int, wait_s: float = 1.0
         if time.monotonic() >= deadline:
             return  # alive: it closed on us on purpose, and removes its folder itself
         time.sleep(0.01)
-    try:
-        owner = int((Path(path) / OWNER_FILE).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    if owner == driver_pid:
-        remove(path)
+    # One remover per process: a rank's threads all notice the death, and each exits the process once this returns.
+    # Unserialized, one that found the owner file already gone (another thread removes the folder, owner file
+    # last) returned and exited the process before that thread's rmdir: an empty folder that no sweep claims.
+    with _removing:
+        try:
+            owner = int((Path(path) / OWNER_FILE).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if owner == driver_pid:
+            remove(path)
 
 
 def remove(path: str) -> None:
