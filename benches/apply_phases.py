@@ -47,7 +47,7 @@ PHASES = (
     ("  mesh", "workbench.engine.session", "build_mesh"),
     ("  data", "workbench.engine.session", "TokenData.for_config"),
     ("  trainer", "workbench.engine.session", "Trainer"),
-    ("    model build", "workbench.engine.trainer", "build_model"),
+    ("    model build", "workbench.engine.trainer", "build"),
     ("    parallelize", "workbench.engine.trainer", "parallelize"),
     ("    optimizer", "workbench.engine.trainer", "build_optimizer"),
     ("    precision", "workbench.engine.trainer", "MixedPrecision"),

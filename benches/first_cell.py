@@ -97,7 +97,7 @@ def install_timers() -> None:
                     spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
         return wrapper
 
-    patches = [(session, "build_mesh", "mesh"), (trainer_module, "build_model", "model build"),
+    patches = [(session, "build_mesh", "mesh"), (trainer_module, "build", "model build"),
                (trainer_module, "parallelize", "layout (parallelize)"), (trainer_module, "build_optimizer", "optimizer"),
                (trainer_module, "StepProbe", "telemetry attach"), (hardware, "measure_cpu", "  of which CPU peak"),
                (session, "apply", "total"), (dist, "barrier", "barrier")]

@@ -66,7 +66,7 @@ def timed_apply(cfg, corpus, telemetry):
         return wrapper
 
     patches = [(session, "export_full_state", "state export"), (session, "import_full_state", "state import"),
-               (session, "build_mesh", "mesh"), (trainer_module, "build_model", "model build"),
+               (session, "build_mesh", "mesh"), (trainer_module, "build", "model build"),
                (trainer_module, "parallelize", "layout (parallelize)"),
                (trainer_module, "build_optimizer", "optimizer"), (trainer_module, "StepProbe", "telemetry attach"),
                (dist, "barrier", "barrier")]
