@@ -188,48 +188,13 @@ def test_estimated_tensor_parallel_collectives_are_the_recorded_ones(pool):
             assert (calls, nbytes) == (len(recorded), sum(recorded)), (kind, r["comm"])
 
 
-def _kept_by_forward(cfg: Config) -> int:
-    """Bytes one forward leaves for backward, measured two independent ways at once: the saved-tensor hooks
-    (the telemetry's meter: what autograd saves outside checkpointed regions, and their inputs) and every live
-    tensor the garbage collector reaches that the forward made (which also finds what the selective checkpoint
-    API caches, kept in Python dicts the hooks never see). Parameters, buffers, the batch and the loss excluded."""
-    import gc
-
-    import torch
-
-    from workbench.models.transformer import build_model, loss_fn
-    from workbench.engine.parallel.recompute import apply_ac
-    from workbench.telemetry.activations import ActivationMeter
-
-    def live(exclude: set[int]) -> dict[int, int]:
-        found = {}
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter):
-                storage = obj.untyped_storage()
-                if storage.data_ptr() not in exclude and storage.nbytes():
-                    found[storage.data_ptr()] = storage.nbytes()
-        return found
-
-    model = apply_ac(build_model(cfg.model, cfg.seed), None, cfg)
-    tokens = torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, cfg.seq_len + 1),
-                           generator=torch.Generator().manual_seed(0))
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), tokens]}
-    before = live(own)
-    meter = ActivationMeter(buffers=list(model.buffers()))
-    with meter.watching(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-    gc.collect()
-    kept = sum(n for p, n in live(own | {loss.untyped_storage().data_ptr()}).items() if p not in before)
-    loss.backward()
-    assert meter.live == 0  # everything counted was freed by backward: nothing but saved tensors was counted
-    return kept
-
-
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_estimated_op_recompute_activations_are_what_the_policy_keeps(precision):
     # One process, one forward: the per-op policy's cache is per block, whatever the layout around it.
     cfg = Config(batch_size=4, seq_len=256, activation_checkpointing="op", precision=precision)
-    measured = _kept_by_forward(cfg)
+    from tests.activations_kept import kept_by_one_forward
+
+    measured = kept_by_one_forward(cfg)
     # 0.5%: measured 0.04% (fp32) and 0.07% (bf16) apart, the ids' pinned extra position and the scalar loss. The
     # policy's cache is 74% of the fp32 figure: the telemetry's meter alone (which sees only the block inputs and
     # the edges) would be 74% short; keeping every matmul's output instead of every other one, 20% over.

@@ -11,11 +11,9 @@ measure is the ranks' own probe (the ActivationMeter), independent of the trace 
 
 from __future__ import annotations
 
-import gc
-
 import pytest
-import torch
 
+from tests.activations_kept import kept_by_one_forward
 from tests.engine import own_model_fns as own_fns
 from tests.models.custom_models import PLAN
 from tests.models.families import FAMILIES, family
@@ -56,37 +54,6 @@ def test_each_familys_activations_on_the_ranks_are_its_traced_estimate(pool):
     assert len(checked) == 6 * len(LAYOUTS) - 1
 
 
-def _kept_by_one_forward(cfg: Config) -> int:
-    """Bytes one forward of `cfg`'s model (every block under the per-op policy) leaves for backward, found as
-    tests/test_estimate_vs_measured.py finds them for the built-in model: the meter's saved tensors and every live
-    tensor the garbage collector reaches (the policy's cache is held in Python dicts no hook sees)."""
-    from workbench.engine.parallel.recompute import apply_ac
-    from workbench.models.build import build_whole
-    from workbench.models.transformer import loss_fn
-    from workbench.telemetry.activations import ActivationMeter
-
-    def live(exclude: set[int]) -> dict[int, int]:
-        found = {}
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter):
-                storage = obj.untyped_storage()
-                if storage.data_ptr() not in exclude and storage.nbytes():
-                    found[storage.data_ptr()] = storage.nbytes()
-        return found
-
-    model = apply_ac(build_whole(cfg.model, cfg.seed), None, cfg)
-    tokens = torch.randint(0, 256, (cfg.batch_size, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), tokens]}
-    before = live(own)
-    meter = ActivationMeter(buffers=list(model.buffers()))
-    with meter.watching(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-    gc.collect()
-    kept = sum(n for p, n in live(own | {loss.untyped_storage().data_ptr()}).items() if p not in before)
-    loss.backward()
-    return kept
-
-
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe", "own module"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_what_the_per_op_policy_keeps_of_a_foreign_model_is_traced(name, precision):
@@ -95,4 +62,4 @@ def test_what_the_per_op_policy_keeps_of_a_foreign_model_is_traced(name, precisi
     cfg = Config(model=_sources()[name], batch_size=4, seq_len=64, activation_checkpointing="op", precision=precision)
     # 0.5%: measured 0.2-0.4% apart (the ids' pinned extra position, the scalar loss). Keeping every matmul's
     # output, or none of attention's, would be 10% or more off.
-    assert estimate(cfg, "cpu").memory.activations == pytest.approx(_kept_by_one_forward(cfg), rel=0.005)
+    assert estimate(cfg, "cpu").memory.activations == pytest.approx(kept_by_one_forward(cfg), rel=0.005)
