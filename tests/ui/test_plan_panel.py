@@ -6,7 +6,7 @@ import workbench as wb
 from tests.ui.fakes import fake_workbench
 from workbench.plan import plan, scale_layout
 from workbench.ui.dashboard import dashboard
-from workbench.ui.plan_panel import PlanPanel
+from workbench.ui.plan_panel import APPLIED, PlanPanel
 
 
 def test_the_panel_shows_the_plans_top_layouts_and_applies_one_scaled_down():
@@ -54,3 +54,28 @@ def test_dropdown_rows_read_apart():
     assert len(set(layouts)) < len(layouts)  # the case this is about
     labels = [label.split(" ", 1)[1] for label, _ in panel.choice.options]  # without the "#i"
     assert len(set(labels)) == len(labels)
+
+
+def test_the_applied_model_of_ones_own_is_offered_and_planned_by_its_trace():
+    """Once a Hugging Face model is applied, the panel offers it beside the presets and plans it (traced): the table
+    heads with its own parameter count, and a layout applies scaled down onto the same model."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from tests.ui.test_model_picker import QWEN3
+
+    bench = fake_workbench(world_size=2, step_s=0.01)
+    panel = PlanPanel(bench, gpus=4, global_batch=8, seq_len=128, top=3)
+    assert APPLIED not in [v for _, v in panel.model.options], "nothing but the presets before such an apply"
+    source = wb.HFModel(QWEN3 | {"model_type": "qwen3"})
+    bench.apply(wb.Config(model=source, dp=2))
+    panel.refresh_models()
+    assert (f"applied: {source.name}", APPLIED) in panel.model.options
+    panel.model.value = APPLIED
+    panel.run_plan()
+    numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3)).parameters())
+    assert panel.plan.best.estimate.model_params == numel and panel.choice.options
+    panel.apply()
+    assert bench.config.model == source and "applied" in panel.status.value
+    bench.apply(wb.Config(dp=2))
+    panel.refresh_models()
+    assert panel.model.value == "8b" and APPLIED not in [v for _, v in panel.model.options]

@@ -84,6 +84,7 @@ class Dashboard(widgets.VBox):
         self.plots.refresh()
         self._refresh_predicted(snap)
         self.controls.refresh_status()
+        self.planner.refresh_models()
         self.header.value = _HEADER + _links_line(self.bench)
 
     def _refresh_runs(self, snap: Snapshot | None = None) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.config import PRESETS, Config
+from workbench.config import PRESETS, Config, ModelConfig
 from workbench.hardware import DATASHEETS
 from workbench.plan import Plan, Scaled, scale_layout
 from workbench.tracing.estimate import plan  # any model: traced where it is not the built-in one
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from workbench.workbench import Workbench
 
 _LABEL = {"description_width": "initial"}
+APPLIED = "applied"
+"""The model choice that plans the notebook's applied model (a Hugging Face or a module of one's own), traced."""
 _HELP = ("<div style='font-size:13px'>Rank every layout of a model on many GPUs by the estimator's predicted step "
          "time (only layouts whose busiest rank fits the device's memory). <b>Apply locally</b> tries the chosen "
          "layout on this notebook's ranks and model: the degrees shrink dp first, then pp, then cp, then tp, and every "
@@ -35,7 +37,7 @@ class PlanPanel:
         self.bench, self.controls, self.top = bench, controls, top
         self.plan: Plan | None = None
         small = dict(style=_LABEL, layout=widgets.Layout(width="170px"))
-        self.model = widgets.Dropdown(description="model", options=list(PRESETS), value=model, **small)
+        self.model = widgets.Dropdown(description="model", options=self._model_options(), value=model, **small)
         self.hardware = widgets.Dropdown(description="hardware", options=list(DATASHEETS), value=hardware, **small)
         self.gpus = widgets.BoundedIntText(description="GPUs", value=gpus, min=1, max=65536, **small)
         self.global_batch = widgets.BoundedIntText(description="global batch", value=global_batch, min=1,
@@ -59,9 +61,26 @@ class PlanPanel:
             widgets.HBox([self.global_batch, self.seq_len, self.precision, self.plan_button]),
             self.table, widgets.HBox([self.choice, self.apply_button]), self.scaling, self.status])
 
+    def _model_options(self) -> list[tuple[str, str]]:
+        """The presets, and the applied model where it is another (the picker's Hugging Face folder or factory)."""
+        options = [(name, name) for name in PRESETS]
+        applied = self.bench.config.model if self.bench.config is not None else None
+        if applied is not None and not isinstance(applied, ModelConfig):
+            options.append((f"applied: {getattr(applied, 'name', None) or type(applied).__name__}", APPLIED))
+        return options
+
+    def refresh_models(self) -> None:
+        """Offer the applied model once one other than the built-in is applied (the dashboard calls this)."""
+        options = self._model_options()
+        if options != list(self.model.options):
+            chosen = self.model.value if self.model.value in {v for _, v in options} else "8b"
+            with self.model.hold_trait_notifications():
+                self.model.options, self.model.value = options, chosen
+
     def run_plan(self) -> Plan | None:
+        model = self.bench.config.model if self.model.value == APPLIED else self.model.value
         try:
-            self.plan = plan(self.model.value, self.hardware.value, self.gpus.value, self.global_batch.value,
+            self.plan = plan(model, self.hardware.value, self.gpus.value, self.global_batch.value,
                              seq_len=self.seq_len.value, precision=self.precision.value)
         except Exception as e:  # noqa: BLE001 - shown inline: a bad input must not leave a traceback in the cell
             self.plan = None
