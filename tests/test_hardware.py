@@ -1,0 +1,95 @@
+"""Hardware profiles: datasheet peaks, power limits, the measured CPU and custom hardware, as the estimator reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.config import Config
+from workbench.estimate import estimate
+from workbench.hardware import A100, DATASHEETS, H100, H200, Hardware, measure_cpu, profile, si
+
+
+def test_datasheet_profiles():
+    assert profile("H100") is H100 and profile("h200") is H200 and profile("a100") is A100
+    assert H100.peak("bf16") == 989.5e12 and H100.peak("fp32") == 67e12 and H100.peak("tf32") == 494.5e12
+    assert (H100.memory_bytes, H100.mem_bw, H100.link_bw) == (80e9, 3.35e12, 450e9)
+    assert H200.peak_flops == H100.peak_flops and (H200.memory_bytes, H200.mem_bw) == (141e9, 4.8e12)
+    assert (A100.peak("bf16"), A100.peak("fp32"), A100.link_bw) == (312e12, 19.5e12, 300e9)
+    assert not any(h.measured for h in DATASHEETS.values())
+    with pytest.raises(ValueError, match="fp8"):
+        A100.peak("fp8")
+    with pytest.raises(ValueError, match="tpu"):
+        profile("tpu")
+
+
+def test_power_limit_slows_power_bound_kernels_only():
+    # torchtitan's H100s: the 700 W SXM part run at 500 W. GEMMs and flash attention (power bound) run at 500/700 of
+    # their rate; a memory-bound kernel does not change; a profile at its rating (or above it) is not scaled.
+    import dataclasses
+
+    from workbench.estimate.kernels import attention_time, gemm_time, memory_time
+    from workbench.hardware import H100_96GB
+
+    assert H100_96GB.peak_flops == H100.peak_flops and H100_96GB.power_scale == pytest.approx(500 / 700)
+    assert H100.power_scale == H200.power_scale == A100.power_scale == 1.0
+    assert dataclasses.replace(H100, power_limit_w=800).power_scale == 1.0
+    rated = dataclasses.replace(H100_96GB, power_limit_w=0.0)
+    big = (16384, 14336, 4096, 2)
+    assert gemm_time(H100_96GB, "bf16", *big) == pytest.approx(gemm_time(rated, "bf16", *big) * 700 / 500)
+    assert attention_time(H100_96GB, "bf16", 1e12) == pytest.approx(attention_time(rated, "bf16", 1e12) * 700 / 500)
+    assert memory_time(H100_96GB, 1e9) == memory_time(rated, 1e9)
+    # A GEMM that is memory bound (one row) keeps its time: the roofline's memory side is not power bound.
+    thin = (1, 14336, 4096, 2)
+    assert gemm_time(H100_96GB, "bf16", *thin) == gemm_time(rated, "bf16", *thin)
+    assert "500 W of its rated 700 W" in str(H100_96GB) and " W" not in str(H100).split("link")[1]
+
+
+def test_cpu_profile_is_measured():
+    cpu = measure_cpu(budget_s=0.05)
+    assert cpu.measured and cpu.name == "cpu"
+    assert set(cpu.peak_flops) == {"fp32", "bf16", "fp16"} and all(v > 1e6 for v in cpu.peak_flops.values())
+    assert cpu.memory_bytes > 1e9 and cpu.mem_bw > 1e8
+    est = estimate(Config(), hardware=cpu)
+    assert est.hardware is cpu and est.compute_s > estimate(Config()).compute_s
+
+
+def test_the_notebooks_cpu_estimate_measures_the_cpu_as_its_ranks_see_it(monkeypatch):
+    """In the notebook, "cpu" is measured at the intra-op threads each local rank of the layout gets (the cores
+    shared among them, as the pool sets them), not at the notebook's own: it predicts the ranks."""
+    import os
+
+    import torch
+
+    from workbench import hardware
+
+    seen = []
+
+    def measure(torch_module, budget_s):
+        seen.append(torch_module.get_num_threads())
+        return hardware.cpu_with_peak("fp32", 1e9)
+
+    monkeypatch.setattr(hardware, "_measure_cpu", measure)
+    hardware._measured_cpu.cache_clear()
+    before = torch.get_num_threads()
+    try:
+        estimate(Config(dp=2), "cpu")
+        estimate(Config(), "cpu")
+    finally:
+        hardware._measured_cpu.cache_clear()
+    assert seen == [max(1, (os.cpu_count() or 1) // 2), os.cpu_count() or 1]
+    assert torch.get_num_threads() == before  # the notebook's own threads are left as they were
+
+
+def test_custom_hardware():
+    tiny_gpu = Hardware(name="toy", peak_flops={"fp32": 1e12}, memory_bytes=1e6, mem_bw=1e11, link_bw=1e9,
+                        measured=False)
+    est = estimate(Config(), tiny_gpu)
+    assert not est.fits and "DOES NOT FIT" in est.table()
+    with pytest.raises(ValueError, match="bf16"):
+        estimate(Config(precision="bf16"), tiny_gpu)
+
+
+def test_si():
+    assert si(989.5e12, "FLOP/s") == "990 TFLOP/s"
+    assert si(999.7, "B") == "1 kB"
+    assert si(0, "B") == "0 B"
