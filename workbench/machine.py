@@ -52,6 +52,24 @@ class Machine:
         return cls(cores=cores, total_bytes=total, available_bytes=info.get("MemAvailable", total))
 
 
+def run_queue_wait_s(pids: list[int]) -> float:
+    """Seconds the threads of processes `pids` have waited for a core so far: the kernel's run-queue time
+    (/proc/PID/task/*/schedstat, its second field). How busy the machine was while ranks ran: a rank that waits for
+    a core stretches its peer's idle time, which a measured pipeline bubble counts. 0 where the kernel does not
+    say; a thread that has ended takes its count with it, so take differences over a span its threads live."""
+    import glob
+
+    total = 0
+    for pid in pids:
+        for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+            try:
+                with open(path) as f:
+                    total += int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                pass  # the thread ended meanwhile
+    return total / 1e9
+
+
 def world_size_warning(world_size: int, machine: Machine, *, oversubscribe: bool = False) -> str | None:
     """Refuse (ConfigError) `world_size` local ranks when their estimated memory exceeds the machine's, unless
     `oversubscribe`; otherwise a warning when they exceed its cores or its available memory, or None."""
