@@ -258,6 +258,8 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
             est = estimate(cfg, hw, efficiency=efficiency, features=features, traced=model_profile)
         except ValueError as e:  # what only the trace knows: a module of one's own says its depth once built, and
             # one may fail in a precision (ConfigError, a ValueError), which refuses the layouts that train in it
+            if isinstance(model, ModelConfig):
+                raise  # the built-in model's Config knows its shape: an error here is the estimator's own
             refused.append(Candidate(choice, None, None, f"invalid: {e}"))
             continue
         if est.fits:

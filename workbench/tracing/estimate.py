@@ -69,9 +69,26 @@ def plan(model: Any, hardware: str | Hardware = "h100", gpus: int = 8, global_ba
     traced: profiles already made (`workbench.plan.plan`'s), read instead of tracing `model`."""
     model = ModelConfig.preset(model) if isinstance(model, str) else model
     if traced is None and (not isinstance(model, ModelConfig) if trace is None else trace):
-        traced = functools.partial(traced_profile, model, seq_len)
+        traced = _failing_once(functools.partial(traced_profile, model, seq_len))
     return plan_from(model, hardware, gpus, global_batch, seq_len=seq_len, precision=precision, traced=traced,
                      **kwargs)
+
+
+def _failing_once(profile_of):
+    """`profile_of(precision)`, where a precision the model failed in fails again at once: the cache keeps only
+    profiles, and a plan asks once per candidate (hundreds of them train in that precision)."""
+    failed: dict[str, ConfigError] = {}
+
+    def traced(precision: str) -> ModelProfile:
+        if precision in failed:
+            raise failed[precision]
+        try:
+            return profile_of(precision)
+        except ConfigError as e:
+            failed[precision] = e
+            raise
+
+    return traced
 
 
 def _traced(model: Any, seq_len: int, precision: str, trace: bool | None) -> ModelProfile | None:
