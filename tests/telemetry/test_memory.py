@@ -1,5 +1,6 @@
 """The probe's cached memory counts (telemetry.memory.ModelMemory) follow what changes between calls."""
 
+import mmap
 import os
 
 import torch
@@ -36,6 +37,9 @@ def test_gradient_bytes_follow_gradients_as_they_appear_and_go():
 def test_process_bytes_is_the_resident_set_now():
     before = memory.process_bytes(torch.device("cpu"))
     assert abs(before - _page_bytes()) < 1 << 20
-    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
+    # 64 MiB of pages this process never had, touched: a fresh anonymous mapping, not the heap, where an earlier
+    # test's freed memory may still be resident and be handed out again (a fresh-clone run saw RSS not move).
+    block = mmap.mmap(-1, 64 << 20)
+    block.write(b"\x01" * (64 << 20))
     assert memory.process_bytes(torch.device("cpu")) - before > 60 << 20
-    del block
+    block.close()
