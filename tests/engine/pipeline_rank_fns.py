@@ -151,17 +151,12 @@ def loss_scale_grads(cfg: Config, scale: float) -> dict:
 
 def waited_for_a_core_ns() -> int:
     """How long this process's threads have, all told, been ready to run but kept off the cores by others (the
-    kernel's run-queue wait, /proc/<pid>/task/*/schedstat's second field); 0 where the kernel does not say."""
-    import glob
+    kernel's run-queue wait, `workbench.machine.run_queue_wait_s`); 0 where the kernel does not say."""
+    import os
 
-    total = 0
-    for path in glob.glob("/proc/self/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
-            pass
-    return total
+    from workbench.machine import run_queue_wait_s
+
+    return round(run_queue_wait_s([os.getpid()]) * 1e9)
 
 
 def timed_steps(cfg: Config, steps: int) -> dict:
