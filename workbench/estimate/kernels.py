@@ -77,8 +77,12 @@ def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: 
     """Seconds of an (m × k) · (k × n) GEMM at `precision` whose operands take `elem_bytes` each."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    rate = hw.peak(precision) * min(1.0, _intrinsic(hw, precision)) * hw.power_scale
-    return _gemm(rate, hw.sms, hw.mem_bw, m, n, k, elem_bytes, k_tile(precision))
+    return _gemm(_rate(hw, precision), hw.sms, hw.mem_bw, m, n, k, elem_bytes, k_tile(precision))
+
+
+def _rate(hw: Hardware, precision: str) -> float:
+    """FLOP/s a GEMM of many full waves reaches at `precision`."""
+    return hw.peak(precision) * min(1.0, _intrinsic(hw, precision)) * hw.power_scale
 
 
 @functools.lru_cache(maxsize=4096)
@@ -113,9 +117,13 @@ def linear_parts(hw: Hardware, precision: str, tokens: int, fan_in: int, fan_out
     forward and input-gradient GEMMs run as that many GEMMs of tokens/chunks rows each (async TP's
     micro-pipelining, which multiplies each shard of the sequence as it arrives)."""
     rows = -(-tokens // chunks)
-    return (chunks * gemm_time(hw, precision, rows, fan_out, fan_in, elem_bytes),
-            chunks * gemm_time(hw, precision, rows, fan_in, fan_out, elem_bytes),
-            gemm_time(hw, precision, fan_in, fan_out, tokens, elem_bytes))
+    if min(tokens, fan_in, fan_out) <= 0:
+        return 0.0, 0.0, 0.0
+    # gemm_time's three GEMMs with the rate worked out once (wb.plan prices ~300,000 linears).
+    rate, sms, bw, k_step = _rate(hw, precision), hw.sms, hw.mem_bw, k_tile(precision)
+    return (chunks * _gemm(rate, sms, bw, rows, fan_out, fan_in, elem_bytes, k_step),
+            chunks * _gemm(rate, sms, bw, rows, fan_in, fan_out, elem_bytes, k_step),
+            _gemm(rate, sms, bw, fan_in, fan_out, tokens, elem_bytes, k_step))
 
 
 def attention_forward_flops(queries: int, seq_len: int, heads: int, head_dim: int) -> float:
