@@ -33,8 +33,10 @@ a longer one closes it."""
 REQUEST_BYTES = 1 << 20
 """The largest fork request (arguments, environment): a message a kernel sent, never a stranger's."""
 REPLY_BYTES = 1 << 16
-HANDSHAKE_S = 10.0
-"""How long a new connection has to prove itself before it is closed."""
+HANDSHAKE_ENV = "WORKBENCH_STANDBY_HANDSHAKE_S"
+HANDSHAKE_S = float(os.environ.get(HANDSHAKE_ENV, 10.0))
+"""How long a new connection has to prove itself before it is closed (a kernel proves itself in milliseconds; the
+drills that wait out the silent ones set less)."""
 MAX_STRANGERS = 16
 """Connections that have not proved themselves, at most, at once: more are closed as they come."""
 FINGERPRINT_ENV = "WORKBENCH_STANDBY_FINGERPRINT"

@@ -49,7 +49,7 @@ ALSO_GIVEN = ("PATH", "USER", "LOGNAME", "LANG", "LC_", "XDG_RUNTIME_DIR")
 that kernel, and keeps none of its variables (tokens, a session's settings) for the kernels after it."""
 SOCKET_PATH_BYTES = 108
 """What a Unix socket's path may hold on Linux (sun_path), its final NUL included."""
-NOT_PREPARED_BY = ("WORKBENCH_RUNTIME_DIR", "WORKBENCH_STANDBY_IDLE_S")
+NOT_PREPARED_BY = ("WORKBENCH_RUNTIME_DIR", "WORKBENCH_STANDBY_IDLE_S", "WORKBENCH_STANDBY_HANDSHAKE_S")
 
 
 def fingerprint(env: dict[str, str], prepare: dict) -> dict[str, Any]:
