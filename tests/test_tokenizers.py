@@ -21,7 +21,8 @@ from tests.engine.rank_fns import reference_run
 from workbench.config.tokenizer import tokenizer_info
 from workbench.corpus import Corpus, check_corpus
 from workbench.engine.data import TokenData
-from workbench.shards import SEPARATOR, prepare
+from workbench.shards import prepare
+from workbench.tokens import SEPARATOR
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("the model trains on tokens of text that a tokenizer made from words like these and more words of "

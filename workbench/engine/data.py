@@ -17,7 +17,8 @@ import numpy as np
 
 from workbench.config import Config
 # The shard cache lives notebook-side (workbench.shards); its names stay importable from here.
-from workbench.shards import SEPARATOR, Shard, default_cache_dir, prepare, prepare_default_corpus  # noqa: F401
+from workbench.shards import Shard, default_cache_dir, prepare, prepare_default_corpus  # noqa: F401
+from workbench.tokens import SEPARATOR  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
