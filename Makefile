@@ -28,8 +28,9 @@ lab: setup
 	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.open_browser=$${OPEN_BROWSER:-True} \
 		$$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/00_quickstart.ipynb
 
+# The tests that start processes, and beside them, at a lower priority, the pure-logic ones (tests/run_suite.py).
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m tests.run_suite $(PYTEST_ARGS)
 
 # What starts processes (ranks, zygotes, torchrun, kernels) is left out but for one smoke test per subsystem.
 check: setup

@@ -199,9 +199,9 @@ def test_weights_load_into_the_shards_and_export_back_bit_identical(pool, tmp_pa
 
 def test_a_rank_builds_only_its_shard(pool):
     # A Llama of 67.4 M parameters (257 MiB): at dp2 ZeRO-3 each rank holds 128 MiB of it. Built on the meta device
-    # and filled one parameter at a time, a rank's build peaks at its shard plus a few parameters (1.07-1.20
-    # measured over 16 fresh builds, tp2 and pp2 alike; benches/own_models.py); one that held the whole model would
-    # read 2.0.
+    # and filled one parameter at a time, a rank's build peaks at its shard plus a few parameters and what the
+    # allocator keeps (1.07-1.20 measured over 16 fresh builds, tp2 and pp2 alike, benches/own_models.py; 1.22 once
+    # in a full suite beside other tests); one that held the whole model would read 2.0. The bound sits between.
     from tests.engine.own_model_fns import build_memory
 
     llama = family("llama", hidden_size=512, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=8,
@@ -209,4 +209,4 @@ def test_a_rank_builds_only_its_shard(pool):
     pool.restart()  # fresh ranks: no memory left over from earlier tests to reuse unseen
     for r in pool.run(build_memory, Config(model=llama, dp=2, zero=3, **BASE)):
         assert r["shard_bytes"] == 67_387_904 * 4 // 2
-        assert r["peak_bytes"] <= 1.2 * r["shard_bytes"], r
+        assert r["peak_bytes"] <= 1.5 * r["shard_bytes"], r
