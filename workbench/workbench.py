@@ -48,9 +48,6 @@ class Workbench:
     standby: CPU ranks are forked by the user's standby, a prepared process that outlives this kernel, so that the
     next kernel's first Workbench starts at once too (workbench/pool/user_standby.py; `pool.ranks_from` says where
     they came from); False keeps them to a process of this kernel's own, which ends with it.
-    standby: CPU ranks are forked by the user's standby, a prepared process that outlives this kernel, so that the
-    next kernel's first Workbench starts at once too (workbench/pool/user_standby.py; `pool.ranks_from` says where
-    they came from); False keeps them to a process of this kernel's own, which ends with it.
     pool, session: an existing pool to use (not closed with this Workbench), and the commands sent to its
     ranks (a `RankSession` over `pool` when None).
     cluster: the cluster this Workbench stands for (`wb.Cluster(...)` or a preset name such as "h100-ib"):

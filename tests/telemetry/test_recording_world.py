@@ -124,16 +124,16 @@ def _against_profiler(rank):
     native.drain()
     # Outputs made beforehand: the profile then holds the collectives' own events only.
     gathered, scattered = torch.empty(2 * MiB), torch.empty(MiB // 2)
+    ops = [lambda: dist.all_reduce(x), lambda: dist.all_gather_single(gathered, x),
+           lambda: dist.reduce_scatter_single(scattered, x), lambda: dist.broadcast(x, 0),
+           (lambda: dist.send(x, 1)) if rank == 0 else (lambda: dist.recv(x, 0))]
+    waited = []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(3):
-            dist.all_reduce(x)
-            dist.all_gather_single(gathered, x)
-            dist.reduce_scatter_single(scattered, x)
-            dist.broadcast(x, 0)
-            if rank == 0:
-                dist.send(x, 1)
-            else:
-                dist.recv(x, 0)
+            for op in ops:
+                before = _waited_for_a_core_ns()  # reads a file: no event of the profiler's
+                op()
+                waited.append((_waited_for_a_core_ns() - before) / 1e3)
     ours = _without_waits(native.drain())
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     reference = []
@@ -145,7 +145,25 @@ def _against_profiler(rank):
     return {
         "ours": [(r.name, (r.end_ns - r.start_ns) / 1e3) for r in ours],
         "reference": [(name, end - start) for name, start, end in reference],
+        "waited_us": waited,
     }
+
+
+def _waited_for_a_core_ns():
+    """How long this process's threads have waited, runnable, for a core (Linux's schedstat; 0 where there is
+    none): a thread held off between one measure's stamp and the other's stretches one of them by that much."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass  # a thread that ended meanwhile
+    return total
 
 
 def _end_stamped_natively():
@@ -314,16 +332,18 @@ def test_collective_results_are_unchanged(world):
 
 
 def test_durations_agree_with_torch_profiler(world):
-    # Tolerance: 0.5 ms + 10 % of the profiler's duration. Ours starts at issue
-    # and ends in the completion callback; the profiler's starts at the c10d op
-    # and ends when gloo's own record closes. Measured on a loaded 2-core
-    # machine (4 MiB ops of 2-50 ms): at most 0.2 ms / 2 % apart.
+    # Tolerance: 0.5 ms + 10 % of the profiler's duration, plus what the rank's threads waited for a core during
+    # the op. Ours starts at issue and ends in the completion callback; the profiler's starts at the c10d op and
+    # ends when gloo's own record (or the copy in wait()) closes. On cores of its own a rank's 4 MiB ops (2-50 ms)
+    # were at most 0.2 ms / 2 % apart. At nice 10 beside two busy processes a rank's threads waited 7-137 ms for a
+    # core during each op, and one op read 3.9 ms apart (its threads had waited 29 ms): beside a busy test run one
+    # read 4.1 ms apart and failed the quiet bound.
     for rank, r in enumerate(world):
-        ours, ref = r["profiler"]["ours"], r["profiler"]["reference"]
-        assert len(ours) == len(ref) == 15, (ours, ref)
-        for (name, us), (ref_name, ref_us) in zip(ours, ref):
+        ours, ref, waited = r["profiler"]["ours"], r["profiler"]["reference"], r["profiler"]["waited_us"]
+        assert len(ours) == len(ref) == len(waited) == 15, (ours, ref)
+        for (name, us), (ref_name, ref_us), held_off in zip(ours, ref, waited):
             assert name.replace("_", "") in ref_name.replace("_", ""), (name, ref_name)
-            assert abs(us - ref_us) <= 500 + 0.10 * ref_us, (rank, name, us, ref_us)
+            assert abs(us - ref_us) <= 500 + 0.10 * ref_us + held_off, (rank, name, us, ref_us, held_off)
 
 
 def test_end_is_stamped_when_the_collective_finishes_not_when_python_returns(world):
