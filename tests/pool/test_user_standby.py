@@ -5,6 +5,7 @@ idle timeout has passed. Every bound below is a hang bound: no test depends on a
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pickle
@@ -26,7 +27,7 @@ import pytest
 
 from workbench.pool import protocol, runtime_dir, standby_wire as wire, user_standby
 
-pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -270,6 +271,8 @@ def test_a_fingerprint_holds_what_the_prepared_state_depends_on_and_says_what_di
     said = user_standby._differences(other, base)
     assert f"torch 2.0.0 (this kernel: {base['torch']})" in said and "device='auto' (this kernel: 'cpu')" in said
     assert "another environment (OMP_SCHEDULE, TORCH_LOGS)" in user_standby._differences(tuned, base)
+    # torch's version, read from its files without importing it: what its package metadata says.
+    assert base["torch"] == importlib.metadata.version("torch") != ""
 
 
 def test_an_edit_to_the_source_makes_another_standby(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ of the kernel's own, which ends with it. `stop()` ends the user's standbys now.
 from __future__ import annotations
 
 import fcntl
-import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -56,8 +56,8 @@ def fingerprint(env: dict[str, str], prepare: dict) -> dict[str, Any]:
     """What a standby's prepared state depends on; a kernel takes over only a standby with the same."""
     return {
         "python": [sys.executable, sys.version],
-        "torch": _version("torch"),
-        "workbench": [_version("workbench"), launch.package_root(), source_stamp()],
+        "torch": torch_version(),
+        "workbench": [_workbench_version(), launch.package_root(), source_stamp()],
         "prepare": {k: v for k, v in sorted(prepare.items()) if k not in ("private_dir", "threads")},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_THAT_MATTERS) and k not in NOT_PREPARED_BY},
     }
@@ -278,11 +278,30 @@ def _state(pid: int) -> str:
         return "X"
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
+def torch_version() -> str:
+    """The installed torch's version, read from its version.py without importing torch or importlib.metadata
+    (which a kernel's first cell would pay ~10 ms for); "" where there is no torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
         return ""
+    try:
+        for line in (Path(spec.origin).parent / "version.py").read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=", 1)[1].strip().strip("'\"")
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version  # a torch laid out otherwise
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return ""
+
+
+def _workbench_version() -> str:
+    from workbench import __version__
+
+    return __version__
 
 
 if __name__ == "__main__":
