@@ -28,7 +28,8 @@ lab: setup
 	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.open_browser=$${OPEN_BROWSER:-True} \
 		$$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/00_quickstart.ipynb
 
-# The tests that start processes, and beside them, at a lower priority, the pure-logic ones (tests/run_suite.py).
+# The tests that start processes and compute; beside them the pure-logic ones (at a lower priority), then the
+# process tests that mostly wait (tests/run_suite.py).
 test: setup
 	$(BIN)/python -m tests.run_suite $(PYTEST_ARGS)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -95,6 +96,12 @@ def pool(_session_pool):
 def pool4(_session_pool4):
     """Four CPU ranks (dp×tp, dp×pp layouts), shared by the whole session, healthy at the start of every test."""
     return _healthy(_session_pool4)
+
+
+def pytest_configure(config):
+    # Terminated (make test's other parts on a failure, a CI time-out), the run unwinds as if interrupted: its
+    # fixtures close their pools and the runtime folder goes, so that nothing it started outlives it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def pytest_unconfigure(config):

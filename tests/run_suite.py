@@ -1,14 +1,17 @@
-"""`make test`: the whole suite, as two pytest processes at once.
+"""`make test`: the whole suite, as two streams of pytest runs at once.
 
-The tests that start processes (marked `processes`: ranks, zygotes, kernels, torchrun, a browser) leave a core
-idle much of the time: run one after another, the suite kept 1.14 of 2 cores busy on average (13.8 CPU-minutes in
-12.1 minutes). The pure-logic tests (about 2.5 CPU-minutes, one core) run beside them, at a lower priority, so
-that they take the idle time and not the ranks' share of the CPU. Every test runs once, in one of the two; the run fails if either does.
+The tests that start processes leave a core idle much of the time: measured per test on 2 quiet cores
+(/proc/stat around each), the process tests kept 1.52 of 2 cores busy (1,243 CPU-seconds in 821 s), and most of
+the idle time was in the few that mostly wait on other processes: the notebooks' kernels (0.70 of a core idle
+on average), the standby drills (1.12), the browser (0.79). The foreground stream runs the process tests that
+compute; beside it, one after another, run the pure-logic tests (about 3 CPU-minutes, one core; at a lower
+priority, so that they take the idle time and not the ranks' share) and then the tests that mostly wait
+(marked `mostly_waits`). Every test runs once, in one pytest run; the suite fails if any of them does.
 
     python -m tests.run_suite [pytest arguments]
 
-Arguments go to both halves; `--junitxml=FILE` gives the pure half FILE with `-pure` before its suffix. With `-m`
-(the caller chose the tests) one pytest runs them all.
+Arguments go to every run; `--junitxml=FILE` gives each run beside the foreground its own FILE, named with
+`-pure` or `-waits` before the suffix. With `-m` (the caller chose the tests) one pytest runs them all.
 """
 
 from __future__ import annotations
@@ -19,57 +22,109 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
-STARTS_PROCESSES = "processes"  # the browser's tests are marked processes as well
-PURE_NICENESS = 10
 NO_TESTS_COLLECTED = 5
 
 
-def _pure_arguments(args: list[str]) -> list[str]:
+class Part(NamedTuple):
+    label: str
+    """What the part's report and junit file are called ("" for the foreground's)."""
+    markers: str
+    niceness: int
+
+
+FOREGROUND = Part("", "processes and not mostly_waits", 0)
+BESIDE = (Part("pure", "not processes", 10),
+          # At the foreground's priority: their hang bounds are for a machine shared, not one starved.
+          Part("waits", "processes and mostly_waits", 0))
+
+
+def _arguments(args: list[str], label: str) -> list[str]:
+    if not label:
+        return list(args)
     out = []
     for arg in args:
         if arg.startswith("--junitxml="):
             path = Path(arg.split("=", 1)[1])
-            arg = f"--junitxml={path.with_name(path.stem + '-pure' + path.suffix)}"
+            arg = f"--junitxml={path.with_name(f'{path.stem}-{label}{path.suffix}')}"
         out.append(arg)
     return out
 
 
 def _combined(codes: list[int]) -> int:
-    """Failed if either failed; "no tests" only if neither half had any (a file of pure tests leaves the other
-    half empty)."""
+    """Failed if any part failed; "no tests" only if none had any (a file of pure tests leaves the others
+    empty)."""
     ran = [c for c in codes if c != NO_TESTS_COLLECTED]
     if not ran:
         return NO_TESTS_COLLECTED
     return next((c for c in ran if c != 0), 0)
 
 
-def main(args: list[str]) -> int:
-    pytest = [sys.executable, "-m", "pytest"]
-    if any(a == "-m" or a.startswith("-m=") for a in args):
-        return subprocess.call(pytest + args)
-    with tempfile.TemporaryFile("w+") as pure_log:
-        # Its report is held back and printed after the other half's, so neither interleaves with the other.
-        pure = subprocess.Popen(pytest + ["-m", f"not ({STARTS_PROCESSES})"] + _pure_arguments(args),
-                                stdout=pure_log, stderr=subprocess.STDOUT,
-                                preexec_fn=lambda: os.nice(PURE_NICENESS))
+def _command(part: Part, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-m", part.markers, *_arguments(args, part.label)]
+
+
+def _beside(args: list[str], log) -> subprocess.Popen:
+    """The parts beside the foreground, one after another, in one shell: its output to `log`, the parts' exit
+    codes on its last line."""
+    steps = []
+    for part in BESIDE:
+        command = " ".join(subprocess.list2cmdline([c]) for c in _command(part, args))
+        steps.append(f"echo '---------- beside the process tests: -m \"{part.markers}\" ----------'; "
+                     f"nice -n {part.niceness} {command}; codes=\"$codes $?\"")
+    script = "codes=''; " + "; ".join(steps) + "; echo \"exit codes:$codes\""
+    # A session of its own, so that the whole stream (the shell and its pytest) ends with the run.
+    return subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _codes(report: str) -> list[int]:
+    last = report.rstrip().rsplit("\n", 1)[-1]
+    if not last.startswith("exit codes:"):
+        return [1]  # the stream did not finish: a failure
+    return [int(c) for c in last.split(":", 1)[1].split()]
+
+
+def _end(stream: subprocess.Popen) -> None:
+    """Terminate the stream's process group (a session of its own), then kill what is left after a grace
+    period."""
+    for sig, grace_s in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
         try:
-            with_processes = subprocess.call(pytest + ["-m", STARTS_PROCESSES] + args)  # killed if we are
+            os.killpg(stream.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            stream.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def main(args: list[str]) -> int:
+    if any(a == "-m" or a.startswith("-m=") for a in args):
+        return subprocess.call([sys.executable, "-m", "pytest", *args])
+    with tempfile.TemporaryFile("w+") as log:
+        # Its report is held back and printed after the foreground's, so that neither interleaves with the other.
+        beside = _beside(args, log)
+        running = subprocess.Popen(_command(FOREGROUND, args), start_new_session=True)
+        try:
+            foreground = running.wait()
         except BaseException:
-            pure.kill()  # nothing outlives the run
+            _end(running)  # nothing outlives the run: each pytest unwinds (tests/conftest.py), then is killed
+            _end(beside)
             raise
-        pure_code = pure.wait()
-        pure_log.seek(0)
-        print(f"\n---------- the pure-logic tests, run beside the ones above (-m 'not ({STARTS_PROCESSES})') "
-              "----------", flush=True)
-        sys.stdout.write(pure_log.read())
-    code = _combined([with_processes, pure_code])
-    print(f"\nmake test: tests that start processes exit {with_processes}, pure-logic tests exit {pure_code}: "
-          f"{'passed' if code == 0 else 'FAILED'}", flush=True)
+        beside.wait()
+        log.seek(0)
+        report = log.read()
+    sys.stdout.write(report)
+    codes = [foreground, *_codes(report)]
+    code = _combined(codes)
+    print(f"\nmake test: exit codes {codes} (the process tests; beside them "
+          f"{', '.join(p.label for p in BESIDE)}): {'passed' if code == 0 else 'FAILED'}", flush=True)
     return code
 
 
 if __name__ == "__main__":
-    # A terminated run (a CI time-out) unwinds as an exception, so neither half outlives it.
+    # A terminated run (a CI time-out) unwinds as an exception, so that no part outlives it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     sys.exit(main(sys.argv[1:]))

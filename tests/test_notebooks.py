@@ -199,6 +199,7 @@ def _text(cell) -> str:
 
 @pytest.mark.slow
 @pytest.mark.processes
+@pytest.mark.mostly_waits  # a kernel's cells between its ranks' steps: 0.70 of 2 cores idle on average
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.smoke) if p.stem == "00_quickstart" else p
                                   for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_runs_top_to_bottom_and_its_claims_hold(path, tmp_path):

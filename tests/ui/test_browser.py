@@ -26,7 +26,8 @@ import pytest
 
 from tests.local_launch import free_port
 
-pytestmark = [pytest.mark.processes, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits, pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 # Written where git does not look, so a test run never dirties the checkout; docs/dashboard.png (the README's)
