@@ -49,28 +49,45 @@ class Corpus:
         return cls(root=root, suffix=None, name=re.sub(r"[^A-Za-z0-9_.-]+", "_", root.name) or "corpus")
 
     def files(self) -> list[Path]:
-        """Candidate files in a fixed order (sorted relative paths), so the concatenation is reproducible."""
+        """Candidate files in a fixed order (sorted relative paths), so the concatenation is reproducible. Walked
+        with os.scandir and plain strings: the standard library's ~1,800 files are walked in every notebook's first
+        apply, where pathlib's objects cost ~3 times the walk."""
         if self.root.is_file():
             return [self.root]
-        found = []
-        for folder, subdirs, names in os.walk(self.root):
-            # Installed packages are not the standard library, and caches and hidden folders are not text.
-            subdirs[:] = [d for d in subdirs if d not in _SKIPPED_DIRS and not d.startswith(".")]
-            for name in names:
-                if name.startswith(".") or (self.suffix and not name.endswith(self.suffix)):
-                    continue
-                path = Path(folder, name)
-                if path.is_file():
-                    found.append(path)
-        return sorted(found, key=lambda p: p.relative_to(self.root).as_posix())
+        prefix = self._prefix()
+        found: list[tuple[str, str]] = []  # (relative path with "/", full path)
+        folders = [str(self.root)]
+        while folders:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if name.startswith("."):  # hidden files and folders are not text
+                        continue
+                    if entry.is_dir():
+                        # Installed packages are not the standard library, caches are not text, and a link to a
+                        # folder is not followed (os.walk's rule).
+                        if name not in _SKIPPED_DIRS and not entry.is_symlink():
+                            folders.append(entry.path)
+                    elif (not self.suffix or name.endswith(self.suffix)) and entry.is_file():
+                        found.append((entry.path[len(prefix):].replace(os.sep, "/"), entry.path))
+        found.sort()
+        return [Path(full) for _, full in found]
 
     def fingerprint(self, files: list[Path]) -> str:
         """A hash of every file's relative path, size and modification time: changes when the folder does."""
         digest = hashlib.sha256()
+        prefix = self._prefix()
         for path in files:
-            stat = path.stat()
-            digest.update(f"{path.relative_to(self.root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+            full = str(path)
+            relative = (full[len(prefix):].replace(os.sep, "/") if full.startswith(prefix)
+                        else path.relative_to(self.root).as_posix())
+            stat = os.stat(full)
+            digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         return digest.hexdigest()
+
+    def _prefix(self) -> str:
+        root = str(self.root)
+        return root if root.endswith(os.sep) else root + os.sep
 
     def cache_key(self) -> str:
         return f"{self.name}-{hashlib.sha256(f'{self.root}|{self.suffix}'.encode()).hexdigest()[:12]}"

@@ -142,6 +142,25 @@ def test_custom_folder_concatenates_sorted_files_with_separators(tmp_path):
     assert (m.files, m.skipped, m.bytes, m.source) == (3, 1, 17, str(folder.resolve()))
 
 
+def test_a_folder_walk_keeps_os_walks_rules_in_sorted_relative_order(tmp_path):
+    from workbench.corpus import Corpus
+
+    root = tmp_path / "text"
+    for folder in ("a", "a.b", ".git", "__pycache__", "site-packages", "z/deep"):
+        (root / folder).mkdir(parents=True)
+    for name in ("a/x.txt", "a.b/y.txt", "a.txt", ".git/config", "__pycache__/m.pyc", "site-packages/p.py",
+                 "z/deep/w.txt", ".env"):
+        (root / name).write_text(name)
+    (root / "linked").symlink_to(root / "a", target_is_directory=True)  # a link to a folder is not walked
+    (root / "alias.txt").symlink_to(root / "a.txt")  # a link to a file is a file
+    source = Corpus.resolve(root)
+    relative = [p.relative_to(source.root).as_posix() for p in source.files()]
+    assert relative == ["a.b/y.txt", "a.txt", "a/x.txt", "alias.txt", "z/deep/w.txt"]  # "." sorts before "/"
+    before = source.fingerprint(source.files())
+    (root / "a" / "x.txt").write_text("changed, and longer")
+    assert source.fingerprint(source.files()) != before
+
+
 def test_custom_folder_trains(corpus, tmp_path):
     data = TokenData(str(corpus), batch_size=4, seq_len=32, seed=0, cache_dir=tmp_path / "cache")
     assert data.shard.manifest.files == 12
