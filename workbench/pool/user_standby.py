@@ -57,7 +57,8 @@ def fingerprint(env: dict[str, str], prepare: dict) -> dict[str, Any]:
     return {
         "python": [sys.executable, sys.version],
         "torch": torch_version(),
-        "workbench": [_workbench_version(), launch.package_root(), source_stamp()],
+        # Its version needs no entry of its own: it is a line of workbench/__init__.py, whose stamp is here.
+        "workbench": [launch.package_root(), source_stamp()],
         "prepare": {k: v for k, v in sorted(prepare.items()) if k not in ("private_dir", "threads")},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_THAT_MATTERS) and k not in NOT_PREPARED_BY},
     }
@@ -296,12 +297,6 @@ def torch_version() -> str:
         return version("torch")
     except PackageNotFoundError:
         return ""
-
-
-def _workbench_version() -> str:
-    from workbench import __version__
-
-    return __version__
 
 
 if __name__ == "__main__":
