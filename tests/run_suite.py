@@ -2,11 +2,13 @@
 
 The tests that start processes leave a core idle much of the time: measured per test on 2 quiet cores
 (/proc/stat around each), the process tests kept 1.52 of 2 cores busy (1,243 CPU-seconds in 821 s), and most of
-the idle time was in the few that mostly wait on other processes: the notebooks' kernels (0.70 of a core idle
-on average), the standby drills (1.12), the browser (0.79). The foreground stream runs the process tests that
-compute; beside it, one after another, run the pure-logic tests (about 3 CPU-minutes, one core; at a lower
-priority, so that they take the idle time and not the ranks' share) and then the tests that mostly wait
-(marked `mostly_waits`). Every test runs once, in one pytest run; the suite fails if any of them does.
+the idle time was in the files that mostly wait on other processes, leaving 0.6 of a core or more idle on
+average: the notebooks' kernels (0.70), the standby drills (1.12), the browser (0.79), the pool's failure and
+fault drills (0.82, 0.61), the zygote (0.66), the emulated cluster's sleeps (1.61), a few small ones. The
+foreground stream runs the process tests that compute; beside it, one after another, run the pure-logic tests
+(about 2 CPU-minutes, one core; at a lower priority, so that they take the idle time and not the ranks' share)
+and then the tests that mostly wait (marked `mostly_waits`). Every test runs once, in one pytest run; the suite
+fails if any of them does.
 
     python -m tests.run_suite [pytest arguments]
 

@@ -16,6 +16,8 @@ from workbench import links
 from workbench.emulation import rank as emulation
 from workbench.emulation.predict import target_compute_s
 
+pytestmark = pytest.mark.mostly_waits  # make test runs it beside the tests that compute (tests/run_suite.py)
+
 # 2 emulated nodes of one H100 over 25 GbE: a 1 MiB all-reduce takes 0.4 ms there; ×300 it takes 0.12 s here,
 # ~50× what loopback takes for it.
 CLUSTER = wb.Cluster("h100-25gbe", nodes=2, dilation=300.0)

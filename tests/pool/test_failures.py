@@ -19,7 +19,8 @@ import workbench as wb
 from workbench.telemetry.flight import explain_diagnostics
 from tests.pool import rank_fns
 
-pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
+pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits]  # make check leaves these out: each starts its own
+# processes; make test runs them beside the tests that compute (tests/run_suite.py)
 
 
 def _alive(pid):

@@ -9,7 +9,8 @@ import pytest
 
 from workbench import machine
 
-pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
+pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits]  # make check leaves these out: each starts its own
+# processes; make test runs them beside the tests that compute (tests/run_suite.py)
 
 
 def _cpu_peaks(budget_s: float) -> tuple[dict, int]:

@@ -10,6 +10,9 @@ import workbench as wb
 from tests.pool import rank_fns
 
 
+pytestmark = pytest.mark.mostly_waits  # make test runs it beside the tests that compute (tests/run_suite.py)
+
+
 def test_results_come_back_in_rank_order(pool):
     results = pool.run(rank_fns.whoami)
     assert [r[:3] for r in results] == [(0, 2, 0), (1, 2, 1)]

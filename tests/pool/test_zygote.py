@@ -14,7 +14,7 @@ import pytest
 import workbench as wb
 from workbench.pool import zygote, zygotes
 
-pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits, pytest.mark.timeout(300)]
 
 
 def _rank_facts() -> dict:

@@ -18,6 +18,8 @@ from tests.telemetry import completion_rank_fns as fns
 from workbench.emulation import rank as emulation
 from workbench.emulation.arrivals import match
 
+pytestmark = pytest.mark.mostly_waits  # make test runs it beside the tests that compute (tests/run_suite.py)
+
 LATE_MS = 40.0
 
 

@@ -12,6 +12,8 @@ import pytest
 from workbench.telemetry import flight
 from workbench.telemetry.flight import Collective, RankRing
 
+pytestmark = pytest.mark.mostly_waits  # make test runs it beside the tests that compute (tests/run_suite.py)
+
 WORLD, DP, TP = "0", "3", "5"
 
 

@@ -11,7 +11,8 @@ import workbench as wb
 from workbench import kernel
 from workbench.ui.dashboard import dashboard
 
-pytestmark = pytest.mark.processes  # make check leaves these out: each starts its own processes
+pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits]  # make check leaves these out: each starts its own
+# processes; make test runs them beside the tests that compute (tests/run_suite.py)
 
 
 def _gone(pid: int) -> bool:
