@@ -68,10 +68,15 @@ for m in (4, 8):
     assert activations["gpipe", m][0] > 1.5 * activations["1f1b", m][0], "GPipe holds every micro-batch"
 assert len(last_actions["interleaved_1f1b", 8]) == 2 * len(last_actions["1f1b", 8]), "twice as many actions"
 b8 = last_actions["1f1b", 8]
-# Medians: a core taken away mid-action (a busy machine) lengthens that one action, not the typical one.
-ratio = (statistics.median(a.end_ns - a.start_ns for a in b8 if a.kind == "B")
-         / statistics.median(a.end_ns - a.start_ns for a in b8 if a.kind == "F"))
-assert 1.1 < ratio < 2.5, f"a B takes longer than an F, up to about twice: {ratio:.2f}"
+# Medians: a core taken away mid-action (a busy machine) lengthens that one action, not the typical one. Where
+# every action was held off a core (a busy machine: a B, longer, is held off more often than an F), the bound
+# gives by what the ranks waited for a core in a step (busy: that wait as a share of the step), which is all an
+# action can have been stretched by; on quiet cores that is ~0 and this is the quiet claim.
+f_ns = statistics.median(a.end_ns - a.start_ns for a in b8 if a.kind == "F")
+b_ns = statistics.median(a.end_ns - a.start_ns for a in b8 if a.kind == "B")
+held_ns = busy["1f1b", 8] * (max(a.end_ns for a in b8) - min(a.start_ns for a in b8))
+assert 1.1 * (f_ns - held_ns) < b_ns and b_ns - held_ns < 2.5 * f_ns, (
+    f"a B takes longer than an F, up to about twice: {b_ns / f_ns:.2f} (held off a core {held_ns / 1e6:.0f} ms)")
 inter, one = (lambda m: bubble["interleaved_1f1b", m]), (lambda m: bubble["1f1b", m])
 for s in ("gpipe", "1f1b"):
     assert bubble[s, 8] + slack((s, 8)) > ideal_bubble_fraction(2, 8), f"{s}: above the formula at m=8 {bubble}"
