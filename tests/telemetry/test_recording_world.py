@@ -118,6 +118,8 @@ def _against_profiler(rank):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
+    from workbench.machine import run_queue_wait_s
+
     x = torch.ones(MiB)  # 4 MiB: milliseconds per op on gloo, well above stamp overheads
     dist.all_reduce(x)
     dist.barrier()
@@ -131,9 +133,9 @@ def _against_profiler(rank):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(3):
             for op in ops:
-                before = _waited_for_a_core_ns()  # reads a file: no event of the profiler's
+                before = run_queue_wait_s([os.getpid()])  # reads files: no event of the profiler's
                 op()
-                waited.append((_waited_for_a_core_ns() - before) / 1e3)
+                waited.append((run_queue_wait_s([os.getpid()]) - before) * 1e6)
     ours = _without_waits(native.drain())
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     reference = []
@@ -147,23 +149,6 @@ def _against_profiler(rank):
         "reference": [(name, end - start) for name, start, end in reference],
         "waited_us": waited,
     }
-
-
-def _waited_for_a_core_ns():
-    """How long this process's threads have waited, runnable, for a core (Linux's schedstat; 0 where there is
-    none): a thread held off between one measure's stamp and the other's stretches one of them by that much."""
-    total = 0
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            pass  # a thread that ended meanwhile
-    return total
 
 
 def _end_stamped_natively():
