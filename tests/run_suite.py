@@ -1,7 +1,7 @@
 """`make test`: the whole suite, as two streams of pytest runs at once.
 
 The tests that start processes leave a core idle much of the time: measured per test on 2 quiet cores
-(/proc/stat around each), the process tests kept 1.52 of 2 cores busy (1,243 CPU-seconds in 821 s), and most of
+(/proc/stat around each, tests/core_use.py), the process tests kept 1.52 of 2 cores busy (1,243 CPU-seconds in 821 s), and most of
 the idle time was in the files that mostly wait on other processes, leaving 0.6 of a core or more idle on
 average: the notebooks' kernels (0.70), the standby drills (1.12), the browser (0.79), the pool's failure and
 fault drills (0.82, 0.61), the zygote (0.66), the emulated cluster's sleeps (1.61), a few small ones. The
@@ -19,6 +19,7 @@ Arguments go to every run; `--junitxml=FILE` gives each run beside the foregroun
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def _beside(args: list[str], log) -> subprocess.Popen:
     codes on its last line."""
     steps = []
     for part in BESIDE:
-        command = " ".join(subprocess.list2cmdline([c]) for c in _command(part, args))
+        command = shlex.join(_command(part, args))
         steps.append(f"echo '---------- beside the process tests: -m \"{part.markers}\" ----------'; "
                      f"nice -n {part.niceness} {command}; codes=\"$codes $?\"")
     script = "codes=''; " + "; ".join(steps) + "; echo \"exit codes:$codes\""
