@@ -69,7 +69,7 @@ class Corpus:
                         if name not in _SKIPPED_DIRS and not entry.is_symlink():
                             folders.append(entry.path)
                     elif (not self.suffix or name.endswith(self.suffix)) and entry.is_file():
-                        found.append((entry.path[len(prefix):].replace(os.sep, "/"), entry.path))
+                        found.append((self._relative(entry.path, prefix), entry.path))
         found.sort()
         return [Path(full) for _, full in found]
 
@@ -79,7 +79,7 @@ class Corpus:
         prefix = self._prefix()
         for path in files:
             full = str(path)
-            relative = (full[len(prefix):].replace(os.sep, "/") if full.startswith(prefix)
+            relative = (self._relative(full, prefix) if full.startswith(prefix)
                         else path.relative_to(self.root).as_posix())
             stat = os.stat(full)
             digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
@@ -88,6 +88,11 @@ class Corpus:
     def _prefix(self) -> str:
         root = str(self.root)
         return root if root.endswith(os.sep) else root + os.sep
+
+    @staticmethod
+    def _relative(full: str, prefix: str) -> str:
+        """A path under the root (`prefix`, from `_prefix`) relative to it, with "/" on every system."""
+        return full[len(prefix):].replace(os.sep, "/")
 
     def cache_key(self) -> str:
         return f"{self.name}-{hashlib.sha256(f'{self.root}|{self.suffix}'.encode()).hexdigest()[:12]}"
