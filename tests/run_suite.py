@@ -3,12 +3,13 @@
 The tests that start processes leave a core idle much of the time: measured per test on 2 quiet cores
 (/proc/stat around each, tests/core_use.py), the process tests kept 1.52 of 2 cores busy (1,243 CPU-seconds in 821 s), and most of
 the idle time was in the files that mostly wait on other processes, leaving 0.6 of a core or more idle on
-average: the notebooks' kernels (0.70), the standby drills (1.12), the browser (0.79), the pool's failure and
-fault drills (0.82, 0.61), the zygote (0.66), the emulated cluster's sleeps (1.61), a few small ones. The
-foreground stream runs the process tests that compute; beside it, one after another, run the pure-logic tests
-(about 2 CPU-minutes, one core; at a lower priority, so that they take the idle time and not the ranks' share)
-and then the tests that mostly wait (marked `mostly_waits`). Every test runs once, in one pytest run; the suite
-fails if any of them does.
+average: the notebooks' kernels (0.70), the standby drills (1.12), the browser (0.79), the pool's failure drills
+(0.82), the zygote (0.66), the emulated cluster's sleeps (1.61), a few small ones. The foreground stream runs
+the process tests that compute; beside it, one after another, run the pure-logic tests (about 2 CPU-minutes,
+one core; at a lower priority, so that they take the idle time and not the ranks' share) and then the tests
+that mostly wait (marked `mostly_waits`). The fault drills (0.61 idle) run in the foreground: with them beside,
+the stream beside ended ~50 s after the foreground in a fresh quiet run. Every test runs once, in one pytest
+run; the suite fails if any of them does.
 
     python -m tests.run_suite [pytest arguments]
 
@@ -68,6 +69,13 @@ def _command(part: Part, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "-m", part.markers, *_arguments(args, part.label)]
 
 
+def _environment() -> dict[str, str]:
+    """The parts' environment, with bytecode written: the three pytest runs import and rewrite the same test
+    modules, and a container's PYTHONDONTWRITEBYTECODE=1 made each do it again (3.6 s of a core each); the
+    files go to __pycache__ folders git ignores."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _beside(args: list[str], log) -> subprocess.Popen:
     """The parts beside the foreground, one after another, in one shell: its output to `log`, the parts' exit
     codes on its last line."""
@@ -78,7 +86,8 @@ def _beside(args: list[str], log) -> subprocess.Popen:
                      f"nice -n {part.niceness} {command}; codes=\"$codes $?\"")
     script = "codes=''; " + "; ".join(steps) + "; echo \"exit codes:$codes\""
     # A session of its own, so that the whole stream (the shell and its pytest) ends with the run.
-    return subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=_environment())
 
 
 def _codes(report: str) -> list[int]:
@@ -105,11 +114,11 @@ def _end(stream: subprocess.Popen) -> None:
 
 def main(args: list[str]) -> int:
     if any(a == "-m" or a.startswith("-m=") for a in args):
-        return subprocess.call([sys.executable, "-m", "pytest", *args])
+        return subprocess.call([sys.executable, "-m", "pytest", *args], env=_environment())
     with tempfile.TemporaryFile("w+") as log:
         # Its report is held back and printed after the foreground's, so that neither interleaves with the other.
         beside = _beside(args, log)
-        running = subprocess.Popen(_command(FOREGROUND, args), start_new_session=True)
+        running = subprocess.Popen(_command(FOREGROUND, args), start_new_session=True, env=_environment())
         try:
             foreground = running.wait()
         except BaseException:

@@ -56,3 +56,12 @@ def test_the_parts_beside_run_one_after_another_with_the_arguments_as_given(tmp_
     assert _codes(report) == [0, 0], report
     assert "the shell ran this" not in report, "an argument reached the shell unquoted"
     assert report.index('-m "not processes"') < report.index('-m "processes and mostly_waits"')
+
+
+def test_the_parts_write_bytecode_whatever_the_callers_environment_says(monkeypatch):
+    from tests.run_suite import _environment
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    env = _environment()
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["OMP_NUM_THREADS"] == "1"
