@@ -6,8 +6,8 @@ Tolerance: losses within 1e-5 relative of eager in the same layout (measured her
 generates for these shapes sum in eager's order). Budget (FACTS: ~15 s to compile a small first step on 2
 cores): one model of tiny shapes for the whole module, so a layout whose block sees the same local shapes reuses
 the compiled code (dynamo's cache in the rank, inductor's on disk); the real code generator (inductor) runs in one
-test, the other layouts check the capture through DTensor, FSDP2, AC and the pipeline with "aot_eager" (the same
-captured forward and backward graphs, eager kernels, no code generation).
+test, on tp=2 (DTensors), the other layouts check the capture through FSDP2, AC and the pipeline with "aot_eager"
+(the same captured forward and backward graphs, eager kernels, no code generation).
 """
 
 from __future__ import annotations
@@ -49,15 +49,16 @@ def losses(pool, cfg: Config) -> list[float]:
 
 
 @pytest.mark.slow
-def test_inductor_compiled_dp2_and_tp2_train_as_eager_and_report_their_compilations(pool):
-    cfg = BASE.replace(dp=2)
+def test_inductor_compiled_tp2_trains_as_eager_and_reports_its_compilations(pool):
+    # tp=2: the block's generated code holds DTensors and the sequence-parallel collectives; a dp=2 block is the
+    # one-process graph (DDP's hooks stay outside it), a subset of this one: generating it too cost a fresh
+    # machine ~13 s and ~25 CPU-seconds more (cold caches, measured) and proved nothing more.
+    cfg = BASE.replace(tp=2)
     seen, unsubscribe = compilations(pool)
     try:
         eager = losses(pool, cfg)
         compiled = losses(pool, cfg.replace(compile=True))
         settle()
-        tp = BASE.replace(tp=2)  # DTensors and the sequence-parallel collectives inside the generated code
-        assert losses(pool, tp.replace(compile=True)) == pytest.approx(losses(pool, tp), rel=REL)
     finally:
         unsubscribe()
     assert compiled == pytest.approx(eager, rel=REL)
@@ -71,9 +72,9 @@ def test_inductor_compiled_dp2_and_tp2_train_as_eager_and_report_their_compilati
     print(f"compiled {len(ended)} graphs in {sum(e.end_ns - e.start_ns for e in ended) / 1e9:.1f} s on rank 0")
 
 
-@pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(tp=2), dict(pp=2, micro_batches=2),
+@pytest.mark.parametrize("layout", [dict(dp=2, zero=3), dict(pp=2, micro_batches=2),
                                     dict(dp=2, activation_checkpointing="full")],
-                         ids=["dp2 zero3", "tp2", "pp2 1f1b", "dp2 ac full"])
+                         ids=["dp2 zero3", "pp2 1f1b", "dp2 ac full"])  # tp=2: the inductor test above
 def test_compiled_training_equals_eager_in_every_kind_of_layout(pool, layout):
     cfg = BASE.replace(**layout)
     assert losses(pool, cfg.replace(**CAPTURE)) == pytest.approx(losses(pool, cfg), rel=REL)
