@@ -25,7 +25,6 @@ from workbench.engine.session import current, drop
 from workbench.pool import rank
 
 # Workbenches run with telemetry=False: these tests are about training state, not measurements.
-pytestmark = pytest.mark.mostly_waits  # make test runs it beside the tests that compute (tests/run_suite.py)
 
 CFG = Config(dp=2, batch_size=8, seq_len=64)
 EVERY = 5
