@@ -58,6 +58,7 @@ def test_export_writes_every_file_and_the_scripts_launch_the_layout(tmp_path):
         assert line in sbatch
     assert "srun" in sbatch and "--node-rank=$SLURM_NODEID" in sbatch and "--rdzv-endpoint=$HEAD_NODE" in sbatch
     assert "--rdzv-id" not in run  # a single job's rendezvous needs no id beyond the endpoint
+    assert "--log-dir=torchrun-logs" in run and "--log-dir=torchrun-logs" in sbatch  # not a folder in /tmp
     for script in ("run.sh", "run.sbatch", "torchtitan.sh"):
         subprocess.run(["bash", "-n", str(tmp_path / "run" / script)], check=True)  # the shell parses it
 

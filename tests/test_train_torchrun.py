@@ -55,6 +55,8 @@ def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_pa
     torchrun = _losses(run / "metrics.jsonl")
     assert sorted(torchrun) == [0, 1, 2, 3] and _losses(run / "metrics.jsonl", rank=1) == torchrun
     assert [d.name for _, d in wb.checkpoints.complete(run / "ckpt")] == ["step-000002", "step-000004"]
+    # torchrun's log folder (each node's launch, its attempts) is the run's, not one more in /tmp.
+    assert len(list((run / "torchrun-logs").glob("*/attempt_0"))) == 2
 
     # Started as srun starts tasks (no torchrun: SLURM_PROCID/SLURM_NTASKS, MASTER_ADDR/PORT exported), two ranks
     # resume torchrun's step-2 checkpoint and train step 2 again, to the same loss.

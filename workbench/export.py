@@ -63,12 +63,19 @@ def train_arguments(launch: Launch, config: str = "config.json") -> list[str]:
             *(["--corpus", launch.corpus] if launch.corpus is not None else [])]
 
 
+TORCHRUN_LOGS = "torchrun-logs"
+"""torchrun's log folder, in the run's folder (run.sh and run.sbatch start there)."""
+
+
 def torchrun_command(launch: Launch, *, node_rank: str = "$NODE_RANK", master_addr: str = "$MASTER_ADDR",
                      master_port: str = "$MASTER_PORT", python: str = "python") -> str:
     """The torchrun command one node runs: c10d rendezvous at MASTER_ADDR:MASTER_PORT (the first node)."""
     args = [python, "-m", "torch.distributed.run", f"--nnodes={launch.nnodes}",
             f"--nproc-per-node={launch.nproc_per_node}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={master_addr}:{master_port}", *train_arguments(launch)]
+            f"--rdzv-endpoint={master_addr}:{master_port}",
+            # Where each launch's per-rank error files go: without it torchrun makes a folder in /tmp per launch,
+            # never removed; here they stay with the run they explain.
+            f"--log-dir={TORCHRUN_LOGS}", *train_arguments(launch)]
     # Variables stay unquoted so the shell expands them; everything else is quoted.
     return " ".join(a if "$" in a else shlex.quote(a) for a in args)
 
