@@ -108,7 +108,8 @@ def test_accelerate_launch_runs_the_exported_config(tmp_path):
         pytest.skip("accelerate is not installed")
     run = tmp_path / "run"
     export(wb.Config(dp=2, seed=3), run, Launch(nnodes=1, nproc_per_node=2, device="cpu", steps=1, port=free_port()))
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    # accelerate's launcher is torchrun's agent, whose log folder goes to the temporary folder: the test's own.
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
     done = subprocess.run([str(accelerate), "launch", "--config_file", "accelerate.yaml", "-m", "workbench.train",
                            "config.json", "--steps", "1", "--device", "cpu"], cwd=run, env=env, capture_output=True,
                           text=True, timeout=240)

@@ -24,7 +24,9 @@ def test_two_torchrun_nodes_join_an_external_pool(tmp_path):
     try:
         assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
         master_port = free_port()
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
+        # TMPDIR: torchrun's agents make their log folders there, never removed (the test's folder is).
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1",
+                   TMPDIR=str(tmp_path))
         for node_rank in (0, 1):
             cmd = pool.launch_command(nnodes=2, nproc_per_node=1, master_port=master_port)
             cmd = cmd.replace("$NODE_RANK", str(node_rank)).replace("$MASTER_ADDR", "127.0.0.1")
