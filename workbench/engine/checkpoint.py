@@ -65,7 +65,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench import checkpoints
 from workbench.checkpoints import CheckpointError
@@ -74,6 +73,7 @@ from workbench.engine.expert_state import as_global, as_held, expert_names, glob
 from workbench.engine.generators import rng_state, set_rng_state
 from workbench.engine.mesh import mesh_axis
 from workbench.engine.parallel.expert import is_expert_slice, param_of_key
+from workbench.engine.parallel.zero_redundancy import is_zero_redundancy, local_optimizer
 from workbench.engine.reshard import flat_optimizer_state, param_names
 from workbench.pool import rank
 from workbench.telemetry.events import CheckpointSave
@@ -203,7 +203,7 @@ def _ep_mesh(trainer: Trainer) -> Any:
 
 
 def _optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    if isinstance(opt, ZeroRedundancyOptimizer):
+    if is_zero_redundancy(opt):
         return flat_optimizer_state(module, opt.optim)
     if not opt.state:
         # Before the first step: torch would create the state with a zero-gradient step, and its step
@@ -319,7 +319,7 @@ def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer, entries: d
                        experts: set[str], ep_mesh: Any) -> tuple[dict[str, Any], list[str]]:
     """Flat targets for the state of the parameters this rank's optimizer updates, with its current hyperparameters
     (torch's flat format wants them beside the state)."""
-    inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    inner = local_optimizer(opt)
     names = param_names(module)
     flat: dict[str, Any] = {}
     missing = []
@@ -343,7 +343,7 @@ def _optimizer_targets(module: nn.Module, opt: torch.optim.Optimizer, entries: d
 
 
 def _set_optimizer(module: nn.Module, opt: torch.optim.Optimizer, flat: dict[str, Any]) -> None:
-    inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    inner = local_optimizer(opt)
     if not flat:  # saved before the first step: start the optimizer afresh, as the saved run would have
         inner.state.clear()
         return

@@ -28,7 +28,7 @@ sharded checkpoint with torch.distributed.checkpoint instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -41,9 +41,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workbench.engine.parallel.expert import expert_shards, is_expert_slice, param_of_key
+from workbench.engine.parallel.zero_redundancy import is_zero_redundancy
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 FULL = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
 # Not cpu_offload: with full_state_dict it gathers to rank 0 only, and every rank needs the state.
@@ -146,7 +149,7 @@ def _gather_experts(flat: dict[str, Any], shards: dict) -> dict[str, Any]:
 
 
 def _export_optimizer(module: nn.Module, opt: torch.optim.Optimizer, dp_mesh: DeviceMesh) -> dict[str, Any]:
-    if isinstance(opt, ZeroRedundancyOptimizer):
+    if is_zero_redundancy(opt):
         return _export_zero1(module, opt, dp_mesh)
     if not opt.state:
         # Nothing to export yet; torch would first run a zero-gradient step to create the state,
@@ -157,7 +160,7 @@ def _export_optimizer(module: nn.Module, opt: torch.optim.Optimizer, dp_mesh: De
 
 def _import_optimizer(module: nn.Module, opt: torch.optim.Optimizer, per_param: dict[str, dict[str, Any]]) -> None:
     names = param_names(module)
-    if isinstance(opt, ZeroRedundancyOptimizer):
+    if is_zero_redundancy(opt):
         _import_zero1(opt, names, per_param)
         return
     # Nested, not flat: in torch 2.13 set_optimizer_state_dict fails on a flattened *full* state

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from workbench.engine.parallel.expert import ExpertShard, expert_shards
+from workbench.engine.parallel.zero_redundancy import local_optimizer
 from workbench.engine.reshard import bare_name, export_full_state, import_full_state
 from workbench.engine.reshard_plan import Box, Move, Region, Uncovered, plan_moves, runs_of, whole
 
@@ -72,7 +72,7 @@ def reshard_into(old: Any, new: Any, *, direct: bool = True) -> str:
 
 def inner_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer that holds the state: for ZeRO-1, this rank's partition's inner optimizer."""
-    return opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    return local_optimizer(opt)
 
 
 @dataclass

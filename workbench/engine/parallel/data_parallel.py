@@ -45,7 +45,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Config
@@ -53,6 +52,7 @@ from workbench.models.protocol import CausalLM
 from workbench.engine.parallel.compression import apply_compression, fsdp_reduce_dtype
 from workbench.engine.optimizers import OPTIMIZERS, hyperparameters
 from workbench.engine.parallel.offload import HostOffload
+from workbench.engine.parallel.zero_redundancy import zero_redundancy
 from workbench.schedules import splits_backward
 
 
@@ -184,8 +184,7 @@ def build_optimizer(module: nn.Module, dp_mesh: DeviceMesh, cfg: Config) -> torc
     if cfg.offload and (cfg.zero <= 1 or dp_mesh.size() == 1):
         optimizer_class = HostOffload.of(optimizer_class)
     if cfg.zero == 1 and dp_mesh.size() > 1:
-        return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_class,
-                                       process_group=dp_mesh.get_group(), **hyper)
+        return zero_redundancy(module.parameters(), optimizer_class, dp_mesh.get_group(), **hyper)
     return optimizer_class(module.parameters(), **hyper)
 
 
