@@ -253,7 +253,8 @@ class Transformer(CausalLM):
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # Not persistent: derived from the config, so checkpoints carry only trained state.
         self.register_buffer("rope", rotary_table(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
-        self.init_weights()
+        if not self.output.weight.is_meta:  # on the meta device nothing is drawn (models/init.py replays the draws)
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
