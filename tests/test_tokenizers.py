@@ -175,6 +175,18 @@ def test_a_shard_is_rebuilt_when_the_tokenizer_changes(tokenizer, tmp_path):
     assert len(second.tokens()) > len(first.tokens()), "fewer merges, more tokens"
 
 
+def test_finding_a_shard_never_builds_one(tokenizer, tmp_path):
+    """What a Workbench looks for while its ranks start (`build=False`): the shard when it is built and current."""
+    folder = _jsonl(tmp_path / "corpus", [_text(i, 50) for i in range(4)])
+    assert prepare(folder, tmp_path / "cache", build=False) is None
+    assert not (tmp_path / "cache").exists()
+    built = prepare(folder, tmp_path / "cache")
+    assert prepare(folder, tmp_path / "cache", build=False) == built
+    assert prepare(folder, tmp_path / "cache", tokenizer=tokenizer, build=False) is None, "another tokenizer's"
+    (folder / "more.jsonl").write_text(json.dumps({"text": _text(9, 50)}) + "\n")
+    assert prepare(folder, tmp_path / "cache", build=False) is None, "the folder changed: no longer current"
+
+
 def test_building_shows_a_progress_bar(tokenizer, tmp_path, capsys):
     folder = _jsonl(tmp_path / "corpus", [_text(i, 50) for i in range(4)])
     prepare(folder, tmp_path / "cache", tokenizer=tokenizer, progress=True)

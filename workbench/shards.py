@@ -96,9 +96,10 @@ def default_cache_dir() -> Path:
 
 
 def prepare(corpus: str | Path | None = None, cache_dir: str | Path | None = None, *,
-            tokenizer: str | Path | None = None, progress: bool = False) -> Shard:
+            tokenizer: str | Path | None = None, progress: bool = False, build: bool = True) -> Shard | None:
     """The shard of `corpus` in `tokenizer`'s ids (None: bytes), built on first use and rebuilt when the folder
     or the tokenizer changes. progress: show a bar while building (a widget in a notebook; tqdm's, when installed).
+    build=False: only find it, None when none is built and current.
 
     Safe when several ranks call it at once: one builds under a file lock while
     the others wait, and files only appear by atomic rename, so nobody ever
@@ -115,7 +116,7 @@ def prepare(corpus: str | Path | None = None, cache_dir: str | Path | None = Non
         key = f"{key}-tok{info.sha256[:12]}"
     base = cache / key
     shard = _load_if_current(base, fingerprint)
-    if shard is not None:
+    if shard is not None or not build:
         return shard
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(_beside(base, ".lock"))):

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +74,20 @@ class Workbench:
         if exclusive:
             kernel.close_previous()  # before spawning: the old ranks must not share the cores with the new ones
         cluster = Emulation.shaped(cluster, pool.world_size if pool is not None else world_size, telemetry)
+        self._prepared: tuple[str | Path | None, str | None] | None = None
+        """The corpus and tokenizer whose shard the notebook last made sure of (`_prepare_data`)."""
         if pool is None:
             if not pool_kwargs.get("external") and (warning := world_size_warning(
                     world_size, Machine.this(), oversubscribe=oversubscribe)):
                 warnings.warn(f"Workbench(world_size={world_size}): {warning}", stacklevel=2)
-            pool = start_pool(world_size, recording=telemetry or cluster is not None, **pool_kwargs)
+            # The ranks' start is another process's work (importing torch): this one waits, so it looks for the
+            # corpus's byte shard meanwhile, which the first apply would otherwise look for before the ranks build.
+            with _meanwhile(self._find_byte_shard):
+                pool = start_pool(world_size, recording=telemetry or cluster is not None, **pool_kwargs)
         self.pool = pool
         self.session = RankSession(pool) if session is None else session
         """The commands this Workbench sends to the model on the ranks."""
         self.config: Config | None = None
-        self._prepared: tuple[str | Path | None, str | None] | None = None
-        """The corpus and tokenizer whose shard the notebook last made sure of (`_prepare_data`)."""
         self.emulation = Emulation(pool, self.session, cluster, telemetry)
         """The cluster the ranks stand for, and the commands that make them (`workbench.emulated`)."""
         if cluster is not None:
@@ -175,6 +179,16 @@ class Workbench:
         except ValueError as e:  # no text in it: the message says what to point it at
             raise ConfigError(f"corpus: {e}.") from None
         self._prepared = (self.corpus, cfg.tokenizer)
+
+    def _find_byte_shard(self) -> None:
+        """`_prepare_data` for the default tokenizer (bytes) when that shard is built already: a cheap look,
+        never a build (the Config may name another tokenizer). What fails here is found again, and said, by
+        `_prepare_data`."""
+        from workbench.shards import prepare
+
+        with contextlib.suppress(Exception):
+            if prepare(self.corpus, build=False) is not None:
+                self._prepared = (self.corpus, None)
 
     def _model_flops(self, cfg: Config) -> float | None:
         """Model FLOPs per token of a model other than the built-in one, for the ranks' measured MFU: traced once
@@ -381,3 +395,14 @@ class Workbench:
         state = ", closed" if self.closed else ""
         emulated = f", cluster={self.cluster.describe()}" if self.cluster is not None else ""
         return f"Workbench({self.pool!r}, layout={layout}, steps={len(self.history)}{emulated}{state})"
+
+
+@contextlib.contextmanager
+def _meanwhile(work: Callable[[], None]) -> Iterator[None]:
+    """Run `work` in a thread while the body runs; it has ended when the body has."""
+    thread = threading.Thread(target=work, name="workbench-meanwhile", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()

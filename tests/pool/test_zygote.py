@@ -13,6 +13,7 @@ import pytest
 
 import workbench as wb
 from workbench.pool import zygote, zygotes
+from workbench.shards import prepare
 
 pytestmark = [pytest.mark.processes, pytest.mark.mostly_waits, pytest.mark.timeout(300)]
 
@@ -37,7 +38,10 @@ def _gone(pids, timeout_s: float = 30.0) -> bool:
 @pytest.mark.slow  # a spawned Workbench beside the forked one: two cold starts
 def test_forked_ranks_train_as_spawned_ones_and_a_restart_forks_again(monkeypatch):
     losses = {}
+    prepare()  # the standard library's byte shard, built
     with wb.Workbench(2, standby=False) as bench:
+        # Found while the ranks started, so the first apply does not look for it again.
+        assert bench._prepared == (None, None)
         forks = bench.pool._zygote
         assert forks is not None and forks.alive
         facts = bench.pool.run(_rank_facts)

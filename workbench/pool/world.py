@@ -39,7 +39,7 @@ class Prepared:
 def prepare(settings: dict[str, Any], local_rank: int, local_world_size: int) -> Prepared:
     """Import and warm up what every command needs; choose the device and the backend. Touches no other rank."""
     # Importing torch, torch._dynamo and the engine creates ~500,000 objects, all kept: the garbage collector's
-    # passes over that growing heap found nothing worth them and cost ~0.5 s of the ~2.5 s a cold start spends
+    # passes over that growing heap found nothing to free and cost 0.2-0.5 s of the ~2.5 s a cold start spent
     # here (benches/first_cell.py). Collection resumes once what the imports built is frozen below.
     collecting = gc.isenabled()
     gc.disable()
