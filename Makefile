@@ -30,9 +30,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 # A notebook's kernel (and a bench) then imports without compiling, in any environment. compileall fails on the
-# few files some packages ship that this Python cannot compile (pip skips them too): -qq, and its status ignored.
+# few files some packages ship that this Python cannot compile (pip skips them too): -qq, its status ignored.
 $(VENV)/.compiled: $(VENV)/.installed
-	-$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+	$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 	touch $@
 
 # Jupyter refuses to run as root (containers, cloud machines) unless told; never listens beyond 127.0.0.1.
