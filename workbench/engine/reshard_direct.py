@@ -70,11 +70,6 @@ def reshard_into(old: Any, new: Any, *, direct: bool = True) -> str:
     return f"full state ({why})"
 
 
-def inner_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer that holds the state: for ZeRO-1, this rank's partition's inner optimizer."""
-    return local_optimizer(opt)
-
-
 @dataclass
 class _Description:
     """What one rank holds of the old layout and wants of the new: the part every rank gathers."""
@@ -151,13 +146,13 @@ def _describe(old: Any, new: Any) -> tuple[_Description, _Local]:
         if any(t.cfg.precision.startswith("fp8") for t in (old, new)):
             # Its weights may be float8 tensor subclasses under FSDP2; CPU refuses fp8, so this path is untested there.
             raise _CannotDirect("fp8 weights are not moved directly (not yet tested on a GPU)")
-        kinds = {type(inner_optimizer(o)) for o in [*old.optimizers, *new.optimizers]}
+        kinds = {type(local_optimizer(o)) for o in [*old.optimizers, *new.optimizers]}
         if len(kinds) > 1:
             raise _CannotDirect(f"the optimizer changes ({', '.join(sorted(k.__name__ for k in kinds))})")
         for module, opt in zip(old.modules, old.optimizers):
-            _describe_held(module, inner_optimizer(opt), mine, local)
+            _describe_held(module, local_optimizer(opt), mine, local)
         for module, opt in zip(new.modules, new.optimizers):
-            _describe_wanted(module, inner_optimizer(opt), mine, local)
+            _describe_wanted(module, local_optimizer(opt), mine, local)
     except Exception as e:  # noqa: BLE001 - any failure to describe must become the full path on every rank,
         # not an error on this rank alone while the others wait for it in the gather below.
         mine = _Description(problem=f"rank {dist.get_rank()}: {e}")
