@@ -8,6 +8,8 @@ ranks' ActivationMeter on the same run.
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 
 import pytest
@@ -251,3 +253,7 @@ def test_a_foreign_models_estimate_and_plan_print_its_traced_parameter_count():
     planned = wb.plan(source, "h100", gpus=8, global_batch=16, seq_len=32, precision="fp32")
     assert {c.estimate.model_params for c in planned.ranked} == {numel}
     assert planned.table().startswith(f"plan  {numel / 1e9:.2f} B-parameter model on 8 ×")
+    # Where no layout fits (every one refused on its memory, its time never priced), the count is still the trace's.
+    tiny = dataclasses.replace(wb.hardware.profile("h100"), memory_bytes=1)
+    nothing = wb.plan(source, tiny, gpus=8, global_batch=16, seq_len=32, precision="fp32")
+    assert not nothing.ranked and nothing.table().startswith(f"plan  {numel / 1e9:.2f} B-parameter model on 8 ×")

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from workbench.config import FP8, Config, ConfigError, ModelConfig, divisors
-from workbench.estimate import Estimate, estimate
+from workbench.estimate import Estimate, Memory
+from workbench.estimate.predict import price, shaped
 from workbench.estimate.options import NO_FEATURES, Features
 from workbench.estimate.stage import traced_precision
 from workbench.hardware import Hardware, profile, si
@@ -126,8 +127,11 @@ class Candidate:
     choice: dict[str, Any]
     config: Config | None
     estimate: Estimate | None
+    """The whole estimate of a layout that fits; None for one refused (its time is never priced)."""
     refused: str = ""
     """"" when it fits; "invalid: <ConfigError>" or "does not fit: <memory>"."""
+    memory: Memory | None = None
+    """The most loaded rank's memory (the estimate's): why a layout that does not fit is refused; None: invalid."""
 
     @property
     def fits(self) -> bool:
@@ -149,6 +153,9 @@ class Plan:
     ranked: tuple[Candidate, ...]
     refused: tuple[Candidate, ...]
     features: Features = NO_FEATURES
+    model_params: int = 0
+    """Parameter elements of the whole model as the estimates count them (a foreign model's: its trace's); 0: no
+    layout was valid."""
 
     @property
     def basis(self) -> str:
@@ -193,8 +200,7 @@ class Plan:
     def table(self, n: int = 10) -> str:
         p = self.inputs
         # A foreign model's count is its trace's (any estimate's), not its source's.
-        params = next((c.estimate.model_params for c in (*self.ranked, *self.refused) if c.estimate),
-                      getattr(p.model, "num_params", 0))
+        params = self.model_params or getattr(p.model, "num_params", 0)
         head = (f"plan  {params / 1e9:.2f} B-parameter model on {p.gpus} × {self.hardware.name}, global "
                 f"batch {p.global_batch} × {p.seq_len} tokens, {p.precision}; predicted by {self.basis}")
         rows = self.rows(n)
@@ -246,7 +252,7 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
     inputs = PlanInputs(model, gpus, global_batch, seq_len, precision, max_micro_batches, gpus_per_node, min_cp_tokens)
     template = base or Config()
     fixed = {"model": model, "batch_size": global_batch, "seq_len": seq_len, "precision": precision}
-    ranked, refused = [], []
+    ranked, refused, model_params = [], [], 0
     for choice in layouts(inputs):
         try:
             cfg = dataclasses.replace(template, **fixed, **choice)  # Config's own validation decides
@@ -255,20 +261,23 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
             continue
         try:
             model_profile = traced(traced_precision(cfg)) if callable(traced) else traced
-            est = estimate(cfg, hw, efficiency=efficiency, features=features, traced=model_profile)
+            # Memory first: most layouts of a large search do not fit, and are refused before their time is priced.
+            fitted = shaped(cfg, hw, features=features, traced=model_profile)
+            model_params = model_params or fitted.model_params
+            if not fitted.fits:
+                refused.append(Candidate(choice, cfg, None, f"does not fit: {si(fitted.memory.total, 'B')} per rank "
+                                                            f"of {si(hw.memory_bytes, 'B')}", fitted.memory))
+                continue
+            est = price(fitted, efficiency)
         except ValueError as e:  # what only the trace knows: a module of one's own says its depth once built, and
             # one may fail in a precision (ConfigError, a ValueError), which refuses the layouts that train in it
             if isinstance(model, ModelConfig):
                 raise  # the built-in model's Config knows its shape: an error here is the estimator's own
             refused.append(Candidate(choice, None, None, f"invalid: {e}"))
             continue
-        if est.fits:
-            ranked.append(Candidate(choice, cfg, est))
-        else:
-            refused.append(Candidate(choice, cfg, est, f"does not fit: {si(est.memory.total, 'B')} per rank of "
-                                                       f"{si(hw.memory_bytes, 'B')}"))
+        ranked.append(Candidate(choice, cfg, est, est.memory))
     ranked.sort(key=lambda c: (c.step_time_s, c.estimate.memory.total))
-    return Plan(inputs, hw, efficiency, tuple(ranked), tuple(refused), features)
+    return Plan(inputs, hw, efficiency, tuple(ranked), tuple(refused), features, model_params)
 
 
 # -- onto the local pool --------------------------------------------------------------------------------------

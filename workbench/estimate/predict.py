@@ -7,6 +7,8 @@ fused norms, FSDP2's mixed precision, the caching allocator, NCCL over the links
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from workbench.config import FP8, Config
 from workbench.schedules import Durations, bubble_formula, config_stages
 from workbench.estimate.allocator import reserved, runtime_bytes
@@ -42,9 +44,43 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     traced: the model as traced (`workbench.tracing`, at cfg.seq_len and precision): its parameters, FLOPs and
     (on the CPU model) saved activations stand where the built-in model's formulas would.
     """
-    hw = profile(hardware, ranks=cfg.world_size) if isinstance(hardware, str) else hardware
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
+    return price(shaped(cfg, hardware, features=features, traced=traced), efficiency)
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """A Config on a profile as far as its memory: every pipeline rank's shape and what each must hold. Whether a
+    layout fits is known here, before any time is priced (`wb.plan` refuses most layouts of a large search so, at
+    a third of an estimate's cost); `price` finishes the estimate from it."""
+
+    cfg: Config
+    hardware: Hardware
+    features: Features
+    shapes: tuple[Stage, ...]
+    memories: tuple[Memory, ...]
+    """Each pipeline rank's memory, in rank order: what `Estimate.stages` carry."""
+
+    @property
+    def memory(self) -> Memory:
+        """The most loaded rank's (`Estimate.memory`)."""
+        return max(self.memories, key=lambda m: m.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.hardware.memory_bytes
+
+    @property
+    def model_params(self) -> int:
+        """`Estimate.model_params`: the built-in shape's count, or what the trace counted."""
+        return _model_params(self.cfg, self.shapes[0].profile)
+
+
+def shaped(cfg: Config, hardware: str | Hardware = "h100", *, features: Features = NO_FEATURES,
+           traced: ModelProfile | None = None) -> Shaped:
+    """`cfg`'s stage shapes and memory on `hardware` (the first half of `estimate`)."""
+    hw = profile(hardware, ranks=cfg.world_size) if isinstance(hardware, str) else hardware
     if features != NO_FEATURES and hw.kind == "cpu":
         raise ValueError(f"features {features.describe()} are modelled for GPU profiles only; the CPU model is "
                          "this engine on CPU kernels, which runs none of them")
@@ -53,28 +89,39 @@ def estimate(cfg: Config, hardware: str | Hardware = "h100", *, efficiency: floa
     if features.nvfp4 and "nvfp4" not in hw.peak_flops:
         raise ValueError(f"Features.nvfp4 models NVFP4 linears, which only Blackwell multiplies; {hw.name} has no "
                          f"nvfp4 rate (it has {sorted(hw.peak_flops)})")
+    shapes = tuple(stage_shapes(cfg, traced))
+    if hw.kind == "cpu":
+        memories = tuple(stage_memory(st) for st in shapes)
+    else:
+        dt = dtypes(cfg, features)
+        memories = tuple(_gpu_stage_memory(st, dt, features) for st in shapes)
+    return Shaped(cfg, hw, features, shapes, memories)
+
+
+def price(s: Shaped, efficiency: float | None = None) -> Estimate:
+    """The estimate `s` is the first half of: FLOPs, collectives and the step's time (the second half)."""
+    cfg, hw, shapes = s.cfg, s.hardware, list(s.shapes)
     net = network(cfg, hw)
-    shapes = stage_shapes(cfg, traced)
     flops = [executed_flops(st) for st in shapes]
     if hw.kind == "cpu":
-        return _cpu(cfg, hw, net, shapes, flops, efficiency or CPU_EFFICIENCY)
-    return _gpu(cfg, hw, net, shapes, flops, efficiency, features)
+        return _cpu(cfg, hw, net, shapes, flops, efficiency or CPU_EFFICIENCY, s.memories)
+    return _gpu(cfg, hw, net, shapes, flops, efficiency, s.features, s.memories)
 
 
 def _cpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: list[float],
-         efficiency: float) -> Estimate:
+         efficiency: float, memories: tuple[Memory, ...]) -> Estimate:
     peak = hw.peak(cfg.precision) * efficiency
     dt = dtypes(cfg)
     # Every stage advances in lockstep with the slowest one; the bubble adds `bubble_slots` idle micro-batch slots.
     slowest_mb_s = max(flops) / peak / cfg.micro_batches
     compute_s = slowest_mb_s * (cfg.micro_batches + bubble_slots(cfg))
     stages = []
-    for st, f in zip(shapes, flops):
+    for st, f, memory in zip(shapes, flops, memories):
         own_s = f / peak
         backward_mb_s = own_s / cfg.micro_batches * 2 / 3
         comm = [*dp_comm(st, net, dt, compute_s, backward_mb_s), *tp_comm(st, net, dt), *pp_comm(st, net),
                 *ep_comm(st, net), *cp_comm(st, net, attention_flops(st) / peak)]
-        stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params, memory=stage_memory(st),
+        stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params, memory=memory,
                                     flops=f, compute_s=own_s, comm=tuple(c for c in comm if c.calls)))
     return Estimate(config=cfg, hardware=hw, efficiency=efficiency, stages=tuple(stages),
                     model_flops=_model_flops(cfg, shapes[0].profile), compute_s=compute_s, assumptions=ASSUMPTIONS,
@@ -82,7 +129,7 @@ def _cpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
 
 
 def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: list[float],
-         efficiency: float | None, features: Features) -> Estimate:
+         efficiency: float | None, features: Features, memories: tuple[Memory, ...]) -> Estimate:
     dt = dtypes(cfg, features)
     m, slots = cfg.micro_batches, cfg.micro_batches + bubble_slots(cfg)
     priced = [_stated(st, f, hw, cfg, efficiency) if efficiency else micro_batch_compute(st, dt, features, hw)
@@ -103,7 +150,7 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         # Every stage advances in lockstep with the slowest one; the bubble adds `bubble_slots` idle slots.
         compute_s = max(p.total for p in priced) * slots + max(optimizer)
     stages = []
-    for st, f, mb, opt_s, own in zip(shapes, flops, priced, optimizer, inner):
+    for st, f, mb, opt_s, own, memory in zip(shapes, flops, priced, optimizer, inner, memories):
         units = len(st.layers) + (st.root > 0)
         gathers_per_unit = 2 if cfg.zero == 3 else 1
         per_unit = ((mb.forward + (mb.backward if cfg.zero == 3 else 0)) / (gathers_per_unit * units),
@@ -113,7 +160,7 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         split = (("gemm", m * mb.gemm), ("attention", m * mb.attention), ("memory-bound", m * mb.memory_bound),
                  ("optimizer", opt_s))
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params,
-                                    memory=_gpu_stage_memory(st, dt, features), flops=f,
+                                    memory=memory, flops=f,
                                     compute_s=m * mb.total + opt_s, comm=tuple(c for c in comm if c.calls),
                                     compute_split=split))
     executed = max(flops)
