@@ -71,52 +71,78 @@ def check_fields(obj: Any, ranges: Mapping[str, Check], prefix: str = "") -> Non
     `prefix` ("model.") names fields of a nested part as the enclosing Config
     sees them.
     """
-    for name, hint in _hints(type(obj)):
+    for name, check in _field_checks(type(obj)):
         value, where = getattr(obj, name), prefix + name
-        _check_type(where, value, hint)
+        check(where, value)
         if name in ranges and value is not None:
             ranges[name](where, value)
 
 
 @functools.cache
-def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
-    # Resolved once per class: wb.plan builds thousands of Configs.
+def _field_checks(cls: type) -> tuple[tuple[str, Check], ...]:
+    # Worked out once per class: wb.plan builds thousands of Configs, and reading the hints each time was a tenth
+    # of a plan's time.
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init)
+    return tuple((f.name, _type_check(hints[f.name])) for f in dataclasses.fields(cls) if f.init)
 
 
-def _check_type(name: str, value: Any, hint: Any) -> None:
+def _type_check(hint: Any) -> Check:
+    """The check of a value against the type `hint`."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return
-        kinds = [a for a in args if dataclasses.is_dataclass(a)]
+        optional = type(None) in args
+        kinds = tuple(a for a in args if dataclasses.is_dataclass(a))
         if len(kinds) > 1:  # one of several values (Config.model: a ModelConfig or another model source)
-            if not isinstance(value, tuple(kinds)):
-                names = " or ".join(k.__name__ for k in kinds)
-                raise refuse(name, f"expected a {names}, got {type(value).__name__}", f"pass a {names}")
-            return
-        hint = next(a for a in args if a is not type(None))  # X | None: check as X
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
+            names = " or ".join(k.__name__ for k in kinds)
+
+            def one_of_kinds(name: str, value: Any) -> None:
+                if not (value is None and optional) and not isinstance(value, kinds):
+                    raise refuse(name, f"expected a {names}, got {type(value).__name__}", f"pass a {names}")
+            return one_of_kinds
+        inner = _type_check(next(a for a in args if a is not type(None)))  # X | None: check as X
+        if not optional:
+            return inner
+
+        def or_none(name: str, value: Any) -> None:
+            if value is not None:
+                inner(name, value)
+        return or_none
     if origin is Literal:
-        # bool is an int: True would pass `in (0, 1)`, so a literal of strings or ints never takes one
-        if isinstance(value, bool) or value not in args:
-            raise refuse(name, f"{value!r} is not one of {', '.join(map(repr, args))}", f"use one of {args}")
-    elif hint is bool:
-        if not isinstance(value, bool):
-            raise refuse(name, f"must be True or False, got {value!r}", f"pass {name}=True or False")
-    elif hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise refuse(name, f"must be an integer, got {value!r}", f"pass an int for {name}")
-    elif hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise refuse(name, f"must be a real number, got {value!r}", f"pass a float for {name}")
-        if not math.isfinite(value):
-            raise refuse(name, f"must be finite, got {value!r}", f"pass a finite number for {name}")
-    elif origin is tuple and args[1:] == (Ellipsis,) and args[0] is int:
-        if not isinstance(value, tuple) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-            raise refuse(name, f"must be a tuple of integers, got {value!r}", f"pass {name}=(…) of ints")
-    elif dataclasses.is_dataclass(hint):
-        if not isinstance(value, hint):
-            raise refuse(name, f"expected a {hint.__name__}, got {type(value).__name__}",
-                         f"pass a {hint.__name__}(...)")
+        def literal(name: str, value: Any) -> None:
+            # bool is an int: True would pass `in (0, 1)`, so a literal of strings or ints never takes one
+            if isinstance(value, bool) or value not in args:
+                raise refuse(name, f"{value!r} is not one of {', '.join(map(repr, args))}", f"use one of {args}")
+        return literal
+    if hint is bool:
+        def boolean(name: str, value: Any) -> None:
+            if not isinstance(value, bool):
+                raise refuse(name, f"must be True or False, got {value!r}", f"pass {name}=True or False")
+        return boolean
+    if hint is int:
+        def integer(name: str, value: Any) -> None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise refuse(name, f"must be an integer, got {value!r}", f"pass an int for {name}")
+        return integer
+    if hint is float:
+        def real(name: str, value: Any) -> None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise refuse(name, f"must be a real number, got {value!r}", f"pass a float for {name}")
+            if not math.isfinite(value):
+                raise refuse(name, f"must be finite, got {value!r}", f"pass a finite number for {name}")
+        return real
+    if origin is tuple and args[1:] == (Ellipsis,) and args[0] is int:
+        def integers(name: str, value: Any) -> None:
+            if not isinstance(value, tuple) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                raise refuse(name, f"must be a tuple of integers, got {value!r}", f"pass {name}=(…) of ints")
+        return integers
+    if dataclasses.is_dataclass(hint):
+        def instance(name: str, value: Any) -> None:
+            if not isinstance(value, hint):
+                raise refuse(name, f"expected a {hint.__name__}, got {type(value).__name__}",
+                             f"pass a {hint.__name__}(...)")
+        return instance
+    return _unchecked
+
+
+def _unchecked(name: str, value: Any) -> None:
+    """A hint with no type check of its own (str, a path, other structures): the range checks and rules see it."""
