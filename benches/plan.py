@@ -2,9 +2,9 @@
 
     .venv/bin/python benches/plan.py [--model 70b] [--hardware h100] [--gpus 256] [--global-batch 512]
 
-Prints the plan's wall time, the layouts it tried, and the ratio of its time to that many single estimates of
-the fastest layout measured in the same run (the plan's own overhead: enumeration and Config's validation), then
-the top layouts.
+Prints the plan's wall time, the layouts it tried, and the ratio of its time to as many single estimates of the
+fastest layout, measured in the same run, as it sized (below 1: a layout that does not fit is refused on its memory,
+its time never priced; above: enumeration and Config's validation), then the top layouts.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ def main() -> None:
     for _ in range(reps):
         wb.estimate(best, args.hardware)
     one_s = (time.perf_counter() - start) / reps
-    estimated = len(plan.ranked) + sum(c.estimate is not None for c in plan.refused)
+    # A valid layout is sized (its memory); only one that fits is priced (its time: the whole estimate).
+    sized = len(plan.ranked) + sum(c.memory is not None for c in plan.refused)
     print(f"wb.plan({args.model!r}, {args.hardware!r}, {args.gpus}, {args.global_batch}, seq_len={args.seq_len}): "
-          f"{plan_s:.2f} s for {tried:,} layouts ({estimated:,} estimated, {len(plan.ranked):,} fit)")
-    print(f"one estimate of the best layout: {one_s * 1e3:.2f} ms; plan / (estimated × one estimate) = "
-          f"{plan_s / (estimated * one_s):.2f}")
+          f"{plan_s:.2f} s for {tried:,} layouts ({sized:,} sized, {len(plan.ranked):,} fit and priced)")
+    print(f"one estimate of the best layout: {one_s * 1e3:.2f} ms; plan / (sized × one estimate) = "
+          f"{plan_s / (sized * one_s):.2f}")
     print(plan.table(5))
 
 
