@@ -16,6 +16,19 @@ from workbench.estimate.records import Axis, Collective, CollectiveKind, Role
 from workbench.hardware import Hardware
 from workbench.links import bus_factor
 
+NCCL_CONTENTION = 0.35
+"""How much longer the compute an NCCL collective hides takes while it runs, for its time: NCCL's kernels hold
+whole SMs (a CTA per channel, never shared with a compute kernel: NVIDIA/nccl issue 689, its maintainer) and draw
+on the same HBM, and "NCCL collectives use SMs, which makes matmuls that are overlapped by them 30-40% slower"
+(pytorch/pytorch PR 179937, 2026, measured on 8 H100s over NVLink; moving FSDP's gathers and reduce-scatters to
+the copy engines gave Llama 3 8B +2.4% tokens/s there). The midpoint, for every GPU profile and link."""
+
+
+def contention(comm: list[Collective] | tuple[Collective, ...]) -> float:
+    """Seconds the compute beside `comm`'s hidden part loses to it (GPU profiles; gloo on the CPU model runs on
+    threads of its own, whose cost the CPU runs measure)."""
+    return NCCL_CONTENTION * sum(c.time_s - c.exposed_s for c in comm)
+
 
 @dataclass(frozen=True)
 class Network:

@@ -13,7 +13,7 @@ from workbench.config import FP8, Config
 from workbench.schedules import Durations, bubble_formula, config_stages
 from workbench.estimate.allocator import reserved, runtime_bytes
 from workbench.estimate.assumptions import ASSUMPTIONS, GPU_ASSUMPTIONS
-from workbench.estimate.collectives import Network, network
+from workbench.estimate.collectives import Network, contention, network
 from workbench.estimate.compute import executed_flops
 from workbench.estimate.context import attention_flops, cp_comm
 from workbench.estimate.data_parallel import dp_comm
@@ -159,10 +159,11 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
                 *pp_comm(st, net, in_time)]
         split = (("gemm", m * mb.gemm), ("attention", m * mb.attention), ("memory-bound", m * mb.memory_bound),
                  ("optimizer", opt_s))
+        comm = [c for c in comm if c.calls]
         stages.append(StageEstimate(stage=st.rank, layers=st.layers, params=st.params,
                                     memory=memory, flops=f,
-                                    compute_s=m * mb.total + opt_s, comm=tuple(c for c in comm if c.calls),
-                                    compute_split=split))
+                                    compute_s=m * mb.total + opt_s, comm=tuple(comm),
+                                    compute_split=split, contention_s=contention(comm)))
     executed = max(flops)
     achieved = efficiency or executed / compute_s / hw.peak(cfg.precision)
     return Estimate(config=cfg, hardware=hw, efficiency=achieved, stages=tuple(stages),

@@ -135,6 +135,9 @@ class StageEstimate:
     comm: tuple[Collective, ...]
     compute_split: tuple[tuple[str, float], ...] = ()
     """GPU: compute_s by kind of kernel ("gemm", "attention", "memory-bound", "optimizer"); () on CPU."""
+    contention_s: float = 0.0
+    """What the collectives this stage hides add to its compute by running beside it (GPU: `contention`); 0 on the
+    CPU model."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -194,8 +197,13 @@ class Estimate:
         return self.critical_stage.exposed_comm_s
 
     @property
+    def contention_s(self) -> float:
+        """The critical stage's compute lost to the collectives it hides (`StageEstimate.contention_s`)."""
+        return self.critical_stage.contention_s
+
+    @property
     def step_time_s(self) -> float:
-        return self.compute_s + self.exposed_comm_s
+        return self.compute_s + self.exposed_comm_s + self.contention_s
 
     @property
     def flops_per_token(self) -> float:
@@ -272,6 +280,7 @@ def render(est: Estimate) -> str:
         for c in est.comm:
             lines.append(f"  {c.axis:<3} {c.kind:<15} {c.what:<38} {c.calls:>6} {si(c.wire_bytes, 'B'):>10} "
                          f"{c.time_s * 1e3:>7.2f} ms {c.exposed_s * 1e3:>7.2f} ms")
-    lines.append(f"step      {est.step_time_s * 1e3:,.1f} ms (exposed comm {est.exposed_comm_s * 1e3:,.1f} ms); "
+    beside = f", compute slowed beside hidden comm {est.contention_s * 1e3:,.1f} ms" if est.contention_s else ""
+    lines.append(f"step      {est.step_time_s * 1e3:,.1f} ms (exposed comm {est.exposed_comm_s * 1e3:,.1f} ms{beside}); "
                  f"MFU {est.mfu:.0%}; {est.tokens_per_s:,.0f} tokens/s")
     return "\n".join(lines)
