@@ -63,6 +63,19 @@ def collectives_forever():
         time.sleep(0.005)
 
 
+def crash_in_native_code_on_rank_1():
+    """Rank 1 reads address 0 from C (a segmentation fault, as a bug in a native library would make); rank 0 waits
+    for it in a collective."""
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        ctypes.string_at(0)
+    dist.all_reduce(torch.ones(1))
+
+
 def mismatched_shapes():
     import torch
     import torch.distributed as dist

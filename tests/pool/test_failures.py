@@ -69,6 +69,21 @@ def test_sigkill_of_a_rank_raises_worker_died_at_once_then_restart_works(pool):
     assert pool.run(rank_fns.all_reduce_sum, 2) == [4.0, 4.0]
 
 
+def test_a_rank_that_crashes_in_native_code_is_reported_with_the_python_stack_it_crashed_in(pool):
+    # A segmentation fault leaves no Python exception to send: the rank's faulthandler prints every thread's stack
+    # to its stderr file descriptor, and the pool's WorkerDied carries those last words.
+    with pytest.raises(wb.WorkerDied) as info:
+        pool.run(rank_fns.crash_in_native_code_on_rank_1)
+    print(info.value)
+    assert info.value.rank == 1 and info.value.signal == "SIGSEGV"
+    words = "\n".join(info.value.last_words)
+    assert "Fatal Python error: Segmentation fault" in words
+    assert "crash_in_native_code_on_rank_1" in words and "rank_fns.py" in words  # where it was, by Python frame
+    assert "Its last words on stderr:" in str(info.value)
+    pool.restart()
+    assert pool.run(rank_fns.all_reduce_sum, 2) == [4.0, 4.0]
+
+
 def test_a_stopped_rank_is_reported_frozen_in_seconds_naming_it_and_what_everyone_was_doing(pool):
     # timeout_s stays 180 s: the freeze must be found by the heartbeats, not by the timeout.
     pool.run(rank_fns.add_fake_provider)

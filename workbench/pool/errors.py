@@ -13,11 +13,20 @@ class PoolError(RuntimeError):
 class WorkerDied(PoolError):
     """A rank's process ended while the pool needed it."""
 
-    def __init__(self, rank: int, exitcode: int | None = None, detail: str = "") -> None:
-        self.rank, self.exitcode = rank, exitcode
+    def __init__(self, rank: int, exitcode: int | None = None, detail: str = "",
+                 last_words: tuple[str, ...] = ()) -> None:
+        self.rank, self.exitcode, self.detail = rank, exitcode, detail
+        self.last_words = last_words
+        """What the rank wrote last to its stderr file descriptor: a crash's report (every thread's Python stack on
+        a segmentation fault), C++ messages."""
         how = describe_exit(exitcode) if exitcode is not None else "lost contact"
+        said = "\nIts last words on stderr:\n" + "\n".join(f"  {line}" for line in last_words) if last_words else ""
         super().__init__(f"rank {rank} died ({how}){': ' + detail if detail else ''}. "
-                         "The other ranks were stopped; call restart() for a fresh pool.")
+                         f"The other ranks were stopped; call restart() for a fresh pool.{said}")
+
+    def with_last_words(self, lines: list[str]) -> "WorkerDied":
+        """The same death, with what the rank wrote last to its stderr."""
+        return WorkerDied(self.rank, self.exitcode, self.detail, tuple(lines)) if lines else self
 
     @property
     def signal(self) -> str | None:

@@ -18,6 +18,7 @@ import os
 import subprocess
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,8 @@ from workbench.pool.zygote import ForkedRank, Zygote, ZygoteError
 log = logging.getLogger("workbench.pool")
 
 Output = Callable[[int, str, str], None]
+LAST_WORDS = 40
+"""Lines of a rank's stderr kept for the report of its death (faulthandler's stacks of a few threads)."""
 PREPARED = "\0workbench: prepared"
 """What a rank prints once prepared (worker.PREPARED; not imported: the notebook need not import the worker)."""
 
@@ -52,6 +55,10 @@ class LocalRanks:
                  nice: bool = False, zygote: "Zygote | None" = None, fork_timeout_s: float = 120.0) -> None:
         self.procs: dict[int, subprocess.Popen | ForkedRank] = {}
         self.prepared: set[int] = set()
+        # What each rank wrote last to its file descriptor 2: only native code and crashes write there (its
+        # Python stderr goes to the notebook through the pool), so it says how a rank that died, died.
+        self._last_stderr = {r: deque(maxlen=LAST_WORDS) for r in range(world_size)}
+        self._stderr_closed = {r: threading.Event() for r in range(world_size)}
         self.spawned_at = time.monotonic()
         self.activated_at: float | None = None
         for r in range(world_size):
@@ -142,8 +149,20 @@ class LocalRanks:
             if line == PREPARED and stream == "stdout":
                 self.prepared.add(rank)
             else:
+                if stream == "stderr":
+                    self._last_stderr[rank].append(line)
                 on_output(rank, stream, line)
         pipe.close()
+        if stream == "stderr":
+            self._stderr_closed[rank].set()
+
+    def last_words(self, rank: int, wait_s: float = 0.5) -> list[str]:
+        """The last lines rank `rank` wrote to its stderr file descriptor (a crash's report: faulthandler's stacks,
+        a C++ abort's message), once the pipe has closed or `wait_s` has passed."""
+        if rank not in self._last_stderr:
+            return []
+        self._stderr_closed[rank].wait(wait_s)
+        return list(self._last_stderr[rank])
 
 
 @dataclass(frozen=True)

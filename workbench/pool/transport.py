@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 from workbench.pool import health, protocol
 from workbench.pool.commands import Command, CommandTable
-from workbench.pool.errors import PoolBroken, RemoteError
+from workbench.pool.errors import PoolBroken, RemoteError, WorkerDied
 from workbench.pool.handshake import Gatekeeper
 from workbench.pool.owner import SocketOwner
 from workbench.pool.ratelimit import RateLimitedLog
@@ -39,6 +39,8 @@ class Processes(Protocol):
     def exit_codes(self) -> dict[int, int | None]: ...
 
     def sample(self, rank: int) -> health.ProcessSample | None: ...
+
+    def last_words(self, rank: int) -> list[str]: ...
 
     def stop(self, grace_s: float) -> None: ...
 
@@ -176,7 +178,10 @@ class Transport:
                     if link.io_id is not None:
                         self._send_now(link.io_id, {"type": "stack"})
             elif isinstance(verdict, health.Broken):
-                self.break_pool(verdict.error)
+                error = verdict.error
+                if isinstance(error, WorkerDied) and error.exitcode is not None and self.processes is not None:
+                    error = error.with_last_words(self.processes.last_words(error.rank))
+                self.break_pool(error)
 
     # -- messages -----------------------------------------------------------------------------------
     def _receive(self, peer: Peer, blob: bytes) -> None:

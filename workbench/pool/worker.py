@@ -22,6 +22,7 @@ Two threads, each with its own connection to the notebook:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import io
 import json
 import os
@@ -319,6 +320,9 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
+    # A crash in native code (torch, gloo, NCCL, the recording extension) prints every thread's Python stack to
+    # file descriptor 2, which the pool keeps and reports with the rank's death: what it was doing when it died.
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
     p = argparse.ArgumentParser(prog="python -m workbench.pool.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--connect", required=True, help="HOST:PORT of the notebook's pool (or unix://PATH locally)")
     p.add_argument("--key-file", required=True, help="file holding the pool's key (mode 0600)")
