@@ -11,17 +11,19 @@ from workbench.export_torchtitan import _titan_layout
 
 from tests.models.custom_models import PLAN
 from tests.models.families import family
-from tests.test_train_torchrun import _losses, _two_nodes
+from tests.test_train_torchrun import _losses, _srun_tasks
 
 
-def test_torchrun_trains_the_same_hugging_face_model_as_the_notebook(pool, tmp_path):
+def test_the_exported_run_trains_the_same_hugging_face_model_as_the_notebook(pool, tmp_path):
+    # Its ranks started as a Slurm job's srun starts them: torchrun's launch of the exported run.sh is
+    # tests/test_train_torchrun.py's; what differs here is the model each rank builds from config.json.
     cfg = wb.Config(model=family("qwen3"), tp=2, batch_size=4, seq_len=16, seed=1)
     run = tmp_path / "run"
     export(cfg, run, Launch(nnodes=2, nproc_per_node=1, device="cpu", steps=3))
     assert wb.Config.load(run / "config.json") == cfg  # the source, its whole transformers config, round-trips
     assert json.loads((run / "config.json").read_text())["model"]["source"] == "huggingface"
-    outputs = _two_nodes(run)
-    assert "started by torchrun" in outputs[0]
+    outputs = _srun_tasks(run / "config.json", "--steps", "3", "--metrics", str(run / "metrics.jsonl"))
+    assert "tp2 on 2 rank(s) (gloo, cpu, started by srun)" in outputs[0]
     with wb.Workbench(pool=pool) as bench:
         bench.apply(cfg, fresh=True)
         notebook = [m.loss for m in bench.train(3).wait()]

@@ -13,8 +13,17 @@ import re
 import shutil
 from pathlib import Path
 
-import nbformat
 import pytest
+
+
+def _nbformat():
+    """nbformat, imported when a test needs it, not when pytest collects this file: it imports jsonschema, which
+    builds rfc3987_syntax's grammar at import (1-3 s of a core), and each of `make test`'s three pytest runs
+    collects every file."""
+    import nbformat
+
+    return nbformat
+
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 BUDGET_S = 240
@@ -183,6 +192,7 @@ def test_every_teaching_notebook_has_its_claims_checked():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_stored_without_outputs(path):
+    nbformat = _nbformat()
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for cell in nb.cells:
@@ -210,6 +220,7 @@ def _text(cell) -> str:
 def test_runs_top_to_bottom_and_its_claims_hold(path, tmp_path):
     from nbclient import NotebookClient
 
+    nbformat = _nbformat()
     nb = nbformat.read(path, as_version=4)
     claims = CLAIMS.get(path.stem)
     if claims:

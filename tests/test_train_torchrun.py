@@ -1,5 +1,6 @@
-"""The large-run path on this machine: two torchrun launches acting as two nodes run the exported run.sh, and their
-checkpoints and a notebook Workbench's open in each other, continuing with the same losses."""
+"""The large-run path on this machine: torchrun launches acting as two nodes run the exported run.sh, ranks started as
+a Slurm job's srun starts them resume, and their checkpoints and a notebook Workbench's open in each other,
+continuing with the same losses."""
 
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def _two_nodes(run: Path, *extra: str) -> list[str]:
     return outputs
 
 
+def _srun_tasks(config: Path, *args: str) -> list[str]:
+    """Two ranks started as a Slurm job's srun starts its tasks when no torchrun runs under it (SLURM_PROCID,
+    SLURM_NTASKS, and MASTER_ADDR/PORT exported by the job script); their output."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), SLURM_NTASKS="2",
+               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    tasks = [subprocess.Popen([sys.executable, "-m", "workbench.train", str(config), *args, "--device", "cpu"],
+                              env=dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    outputs = outputs_of(tasks, timeout=240)
+    for task, out in zip(tasks, outputs):
+        assert task.returncode == 0, out
+    return outputs
+
+
 def _losses(metrics: Path, rank: int = 0) -> dict[int, float]:
     return {m.step: m.loss for m in jsonl.read(metrics) if m.rank == rank}
 
@@ -47,31 +64,17 @@ def _same(a: list[float], b: list[float]) -> None:
 def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_path):
     cfg = wb.Config(dp=2, zero=2, seed=3)
     run = tmp_path / "run"
-    export(cfg, run, Launch(nnodes=2, nproc_per_node=1, device="cpu", steps=4, save_every=2))
+    export(cfg, run, Launch(nnodes=2, nproc_per_node=1, device="cpu", steps=8, save_every=2))
 
-    # torchrun, two "nodes": steps 0-3, checkpoints at 2 and 4, metrics from both ranks.
-    outputs = _two_nodes(run)
+    # torchrun, two "nodes": steps 0-3 (run.sh hands its arguments on: the last --steps is the one), checkpoints at 2
+    # and 4, metrics from both ranks.
+    outputs = _two_nodes(run, "--steps", "4")
     assert "step      3" in outputs[0] and "started by torchrun" in outputs[0]
     torchrun = _losses(run / "metrics.jsonl")
     assert sorted(torchrun) == [0, 1, 2, 3] and _losses(run / "metrics.jsonl", rank=1) == torchrun
     assert [d.name for _, d in wb.checkpoints.complete(run / "ckpt")] == ["step-000002", "step-000004"]
     # torchrun's log folder (each node's launch, its attempts) is the run's, not one more in /tmp.
     assert len(list((run / "torchrun-logs").glob("*/attempt_0"))) == 2
-
-    # Started as srun starts tasks (no torchrun: SLURM_PROCID/SLURM_NTASKS, MASTER_ADDR/PORT exported), two ranks
-    # resume torchrun's step-2 checkpoint and train step 2 again, to the same loss.
-    port = free_port()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURM_NTASKS="2", GLOO_SOCKET_IFNAME="lo",
-               OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(key, None)
-    tasks = [subprocess.Popen([sys.executable, "-m", "workbench.train", str(run / "config.json"), "--steps", "3",
-                               "--resume", str(run / "ckpt" / "step-000002"), "--metrics", str(tmp_path / "srun.jsonl"),
-                               "--device", "cpu"], env=dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
-    for task, out in zip(tasks, outputs_of(tasks, timeout=240)):
-        assert task.returncode == 0, out
-    assert _losses(tmp_path / "srun.jsonl") == {2: torchrun[2]}
 
     # A notebook opens torchrun's step-2 checkpoint (its Config comes with it) and trains what torchrun trained next.
     bench = wb.Workbench(pool=pool)
@@ -80,13 +83,14 @@ def test_torchrun_and_the_notebook_continue_each_others_checkpoints(pool, tmp_pa
         assert loaded["step"] == 2 and bench.config == cfg
         _same([m.loss for m in bench.train(2).wait()], [torchrun[2], torchrun[3]])
 
-        # ... and the other way: the notebook saves at step 4, torchrun --resume trains 4-5, as the notebook does.
+        # ... and the other way: the notebook saves at step 4; two tasks started as srun starts them resume it and
+        # train 4-5, as the notebook does.
         saved = bench.save(tmp_path / "notebook_ckpt")
         assert saved.name == "step-000004"
-        resumed = run / "resumed.jsonl"
-        outputs = _two_nodes(run, "--resume", str(tmp_path / "notebook_ckpt"), "--steps", "6",
-                             "--metrics", str(resumed), "--save-to", str(tmp_path / "after"))
-        assert "resumed from" in outputs[0] and "next step 4" in outputs[0]
+        resumed = tmp_path / "resumed.jsonl"
+        outputs = _srun_tasks(run / "config.json", "--resume", str(tmp_path / "notebook_ckpt"), "--steps", "6",
+                              "--metrics", str(resumed), "--save-to", str(tmp_path / "after"))
+        assert "started by srun" in outputs[0] and "next step 4" in outputs[0] and "resumed from" in outputs[0]
         notebook = [m.loss for m in bench.train(2).wait()]
     finally:
         bench.close()

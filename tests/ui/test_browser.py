@@ -21,7 +21,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from tests.local_launch import free_port
@@ -65,6 +64,8 @@ def _chromium() -> str:
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab on 127.0.0.1 with a token, over a small notebook, with no news pop-up or update check."""
+    import nbformat  # not at the module's top: see tests/test_notebooks.py
+
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     (tmp_path / "notebooks").mkdir()
