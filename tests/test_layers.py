@@ -50,6 +50,7 @@ LAYER_OF = {
     "workbench.ui": "screen",
     # what a person starts: the package (`import workbench as wb`) and the batch entry point (a rank with a report)
     "workbench": "entry points", "workbench.train": "entry points",
+    "workbench.__main__": "entry points",  # python -m workbench --prepare-ahead: the standby, before a kernel asks
 }
 """The layer of each module: its longest prefix here."""
 

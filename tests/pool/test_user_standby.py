@@ -157,6 +157,34 @@ def test_a_kernel_prepared_differently_starts_its_own_standby_and_says_why(folde
     assert sorted(s["pid"] for s in user_standby.running()) == sorted([first["standby"], other["standby"]])
 
 
+def test_the_standby_make_lab_prepares_is_the_one_a_kernels_first_workbench_forks_from(folder):
+    """`make lab` runs `python -m workbench --prepare-ahead` while JupyterLab starts: it returns once the standby is
+    prepared, and the standby is the one a Workbench in a Jupyter kernel of the same environment takes."""
+    env = {**os.environ, runtime_dir.ENV: folder, "WORKBENCH_STANDBY": "1"}
+    done = subprocess.run([sys.executable, "-m", "workbench", "--prepare-ahead"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and "ranks prepared for the first Workbench" in done.stdout, done.stdout + done.stderr
+    standby = _standby_pid(folder)
+    assert standby and _alive(standby), "it outlives the command"
+    assert json.loads(next(Path(folder).glob("standby-*.json")).read_text()).get("preparation"), "prepared"
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    cell = ("import workbench as wb\nbench = wb.Workbench(2)\nbench.apply(wb.Config(dp=2))\n"
+            "print(bench.pool.ranks_from)\nbench.close()")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    NotebookClient(nb, timeout=180, kernel_name="python3").execute(env=env)
+    printed = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
+    assert printed.strip() == f"forked by the user's standby, pid {standby}", nb.cells[0].outputs
+
+    off = subprocess.run([sys.executable, "-m", "workbench", "--prepare-ahead"], cwd=ROOT,
+                         env={**env, "WORKBENCH_STANDBY": "0"}, capture_output=True, text=True, timeout=60)
+    assert off.returncode == 0 and "no ranks prepared ahead ($WORKBENCH_STANDBY=0)" in off.stdout
+    assert subprocess.run([sys.executable, "-m", "workbench"], cwd=ROOT, env=env, capture_output=True,
+                          timeout=60).returncode == 2
+
+
 @pytest.mark.parametrize("victim", ["kernel", "standby"])
 @pytest.mark.parametrize("stage", ["preparing", "idle", "busy"])
 def test_killing_the_kernel_or_the_standby_at_any_stage_leaves_nothing_running(folder, victim, stage):

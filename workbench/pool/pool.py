@@ -357,18 +357,21 @@ def _local_rank_setup(settings: dict[str, Any], threads: int, env: dict[str, str
 
 
 def prepare_ahead(*, device: Device = "auto", preload: tuple[str, ...] = (), backend_setup: str | None = None,
-                  env: dict[str, str] | None = None, standby: bool | None = None) -> bool:
+                  env: dict[str, str] | None = None, standby: bool | None = None, wait_s: float = 0.0) -> bool:
     """Start preparing local ranks before a pool asks for them, as `Pool(n, device=, preload=, backend_setup=,
     env=, standby=)` prepares them: a zygote that later forks them at once (`workbench.pool.zygote`); with the
     standby (as Pool's), the user's standby, taken over if one runs. This process lets go of it
     `zygotes.LINGER_S` after this call unless a pool takes it. False where ranks are not forked (CUDA, or
-    $WORKBENCH_ZYGOTE=0)."""
+    $WORKBENCH_ZYGOTE=0), or where `wait_s` > 0 and it was not prepared within `wait_s` seconds."""
     if not zygotes.usable(device):
         return False
     wanted = os.environ.get("WORKBENCH_STANDBY", "1") != "0" if standby is None else standby
     settings = {"device": device, "threads": None, "preload": list(preload), "backend_setup": backend_setup}
-    zygotes.release(zygotes.acquire(*_local_rank_setup(settings, 1, env, "", ""), standby=wanted))
-    return True
+    zygote = zygotes.acquire(*_local_rank_setup(settings, 1, env, "", ""), standby=wanted)
+    try:
+        return zygote.wait_prepared(wait_s) if wait_s > 0 else True
+    finally:
+        zygotes.release(zygote)
 
 
 def _cleanup(transport: Transport, standby: Standby, folder: str, forks: "zygote.Zygote | None") -> None:

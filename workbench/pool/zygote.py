@@ -112,13 +112,18 @@ class Zygote:
     def alive(self) -> bool:
         return not self._gone and self.failed is None
 
-    def fork(self, args: list[str], env: dict[str, str], timeout_s: float) -> "ForkedRank":
-        """A rank running `python -m workbench.pool.worker *args` in `env`, forked once the zygote is prepared."""
+    def wait_prepared(self, timeout_s: float) -> bool:
+        """Until it is prepared (True), or failed, ended, or `timeout_s` passed (False)."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while not self._prepared and self.alive and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, deadline - time.monotonic()))
-        if not self.prepared:
+        return self.prepared
+
+    def fork(self, args: list[str], env: dict[str, str], timeout_s: float) -> "ForkedRank":
+        """A rank running `python -m workbench.pool.worker *args` in `env`, forked once the zygote is prepared."""
+        deadline = time.monotonic() + timeout_s
+        if not self.wait_prepared(timeout_s):
             raise ZygoteError(self.failed or ("the zygote ended" if self._gone else
                                               f"not prepared within {timeout_s:.0f} s"))
         pipes = [os.pipe() for _ in range(3)]
