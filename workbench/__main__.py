@@ -2,10 +2,10 @@
 and return once it is prepared (~2 s on 2 cores).
 
 `make lab` runs it while JupyterLab starts, so that the quickstart's first cell forks its ranks (~0.3 s) instead of
-waiting for torch, torch._dynamo and the engine to import (~2.3 s on 2 cores; benches/first_cell.py). The standby is
-the one a kernel's `import workbench` starts: it ends after $WORKBENCH_STANDBY_IDLE_S (30 minutes) with no kernel,
-and `python -m workbench.pool.user_standby --stop` ends it at once. With $WORKBENCH_STANDBY=0 or $WORKBENCH_ZYGOTE=0
-(no standby wanted) this does nothing.
+waiting for torch, torch._dynamo and the engine to import (1.3–2.3 s on 2 cores, with the host;
+benches/first_cell.py). The standby is the one a kernel's `import workbench` starts: it ends after
+$WORKBENCH_STANDBY_IDLE_S (30 minutes) with no kernel, and `python -m workbench.pool.user_standby --stop` ends it at
+once. With $WORKBENCH_STANDBY=0 or $WORKBENCH_ZYGOTE=0 (no standby wanted) this does nothing.
 """
 
 from __future__ import annotations
