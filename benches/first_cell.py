@@ -136,7 +136,7 @@ def _run(script: str, env: dict[str, str]) -> dict:
 
 
 def _stop_standbys(env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "-m", "workbench.pool.user_standby", "--stop"], cwd=ROOT, env=env,
+    subprocess.run([sys.executable, "-m", "workbench", "--stop-standbys"], cwd=ROOT, env=env,
                    capture_output=True, check=True)
 
 

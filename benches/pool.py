@@ -168,7 +168,7 @@ def bench_standby_ready() -> tuple[float, str]:
     for _ in range(REPEATS + 1):  # the first one starts the standby
         out = subprocess.run([sys.executable, "-c", STANDBY_READY], capture_output=True, text=True, check=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    subprocess.run([sys.executable, "-m", "workbench.pool.user_standby", "--stop"], capture_output=True, check=True)
+    subprocess.run([sys.executable, "-m", "workbench", "--stop-standbys"], capture_output=True, check=True)
     return median([r["ready"] for r in runs[1:]]), runs[-1]["from"]
 
 

@@ -184,6 +184,17 @@ def test_the_standby_make_lab_prepares_is_the_one_a_kernels_first_workbench_fork
     assert subprocess.run([sys.executable, "-m", "workbench"], cwd=ROOT, env=env, capture_output=True,
                           timeout=60).returncode == 2
 
+    def cli(flag: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "workbench", flag], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        # Nothing on stderr: no runpy warning, as `python -m` of a module the package itself imports gave one.
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        return done.stdout
+
+    assert f"pid {standby}, up" in cli("--standbys")
+    assert cli("--stop-standbys").startswith(f"ended: [{standby}]")
+    assert not _alive(standby) and cli("--standbys") == ""
+
 
 @pytest.mark.parametrize("victim", ["kernel", "standby"])
 @pytest.mark.parametrize("stage", ["preparing", "idle", "busy"])

@@ -298,10 +298,3 @@ def torch_version() -> str:
     except PackageNotFoundError:
         return ""
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--stop"]:
-        print("ended:", stop() or "none")
-    else:
-        for standby in running():
-            print(f"{standby['name']}: pid {standby['pid']}, up {time.time() - standby['started']:.0f} s")
