@@ -33,10 +33,10 @@ def main(argv: list[str]) -> int:
     if argv != ["--prepare-ahead"]:
         print(USAGE, file=sys.stderr)
         return 2
-    return prepare_ahead()
+    return _prepare_the_standby()
 
 
-def prepare_ahead() -> int:
+def _prepare_the_standby() -> int:
     if os.environ.get("WORKBENCH_STANDBY", "1") == "0":
         print("workbench: no ranks prepared ahead ($WORKBENCH_STANDBY=0)")
         return 0
