@@ -34,6 +34,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from bytecode import require_compiled  # benches/bytecode.py
+
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
 
@@ -209,6 +211,7 @@ def report(result: dict) -> list[tuple[str, str, str]]:
 
 
 def main() -> None:
+    require_compiled("benches/first_cell.py")
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     rows = report(measure())
     width = max(len(r[0]) for r in rows)

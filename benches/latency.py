@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bytecode import require_compiled  # benches/bytecode.py
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -174,6 +176,7 @@ def main() -> None:
     wanted = set(p.parse_args().rows.split(","))
     if unknown := wanted - set(ROWS):
         p.error(f"--rows: unknown {sorted(unknown)}; choose from {', '.join(ROWS)}")
+    require_compiled("benches/latency.py")
 
     import engine  # benches/engine.py: the plain torchrun loop
     import first_cell  # benches/first_cell.py: the first cell in fresh interpreters, cold and with a standby
