@@ -25,7 +25,9 @@ Sources (each row names its table):
   2.9.0.dev20250815, torchao 0.13.0+gite4e681be6, torchtitan 6fc499f; torchtitan's docs/mxfp8.md copies it): "8x
   power limited B200", Llama3-8B, batch 1, seq 8192, compile (model and loss), FSDP2, per-op SAC. The limit is
   750 W: the torchao team's B200s ("Surprisingly the % efficiency is actually better on 750W limited device",
-  pytorch/ao PR 3566). "Peak Memory (GB)" is torchtitan's max reserved, which it logs in GiB.
+  pytorch/ao PR 3566). "Peak Memory (GB)" is torchtitan's max reserved, which it logs in GiB. That commit calls
+  SDPA's cuDNN kernel first on compute capability 10.0 (models/attention.py), and its per-op `_save_list`
+  (models/llama3/infra/parallelize.py) names the flash and efficient kernels only: attention recomputed.
 - bridge-2511: Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo Container", pre-training (DGX-H100,
   DGX-B200, DGX-GB200, DGX-GB300): Megatron-Core with Transformer Engine, FP8 current scaling (per tensor, as
   torchao's tensorwise) or MXFP8, seq 8192, TP with sequence parallel; no recomputation; Megatron's distributed
@@ -46,6 +48,8 @@ GiB = 2**30
 TP_LOSS = Features(loss_parallel=True)  # torchtitan's default with tensor parallel
 COMPILED_LOSS = Features(compile_loss=True)
 COMPILED_LOSS_TP = Features(compile_loss=True, loss_parallel=True)
+# torchtitan 6fc499f on Blackwell: SDPA's cuDNN kernel first, which its per-op save list does not name.
+COMPILED_LOSS_CUDNN = Features(compile_loss=True, op_keeps_attention=False)
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,8 @@ TORCHTITAN = (
         46.97, COMPILED_LOSS),
     # ao-mx-b200: 8B, FSDP 8 on 750 W B200s, batch 1, per-op SAC, compile.
     *[Run(f"8B FSDP 8 on B200 {label}", "ao-mx-b200",
-          titan("8b", 8, 1, "op", precision=precision, fp8_all_gather=gather), "b200@750w", tps, gib, COMPILED_LOSS)
+          titan("8b", 8, 1, "op", precision=precision, fp8_all_gather=gather), "b200@750w", tps, gib,
+          COMPILED_LOSS_CUDNN)
       for label, precision, gather, tps, gib in (
           ("bf16", "bf16", False, 8307.5, 33.71), ("Float8 (fp8 all-gather)", FP8, True, 10417.0, 33.38),
           ("mxfp8_cublas", MX, False, 9969.0, 33.88), ("mxfp8_cublas_rceil", MX, False, 9642.0, 33.88),

@@ -109,3 +109,24 @@ def test_blackwell_profiles_are_their_datasheets_and_mxfp8_and_nvfp4_are_theirs_
         wb.estimate(cfg.replace(precision="bf16"), "h100", features=Features(nvfp4=0.85))
     with pytest.raises(ValueError, match="share of the blocks"):
         Features(nvfp4=1.5)
+
+
+def test_an_op_policy_that_does_not_keep_attention_recomputes_its_forward_and_keeps_none_of_it():
+    # torchtitan 6fc499f on Blackwell calls SDPA's cuDNN kernel, which its per-op save list does not name: backward
+    # runs attention's forward again (flash attention's backward is 2.5 forwards: 3.5 → 4.5) and the block keeps
+    # neither its output (a·D bytes a token, bf16) nor its log-sum-exp (4 bytes a head), on every block.
+    cfg = wb.Config(model=EIGHT_B, dp=8, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=8192, batch_size=8)
+    kept, recomputed = (wb.estimate(cfg, "b200", features=Features(op_keeps_attention=k)) for k in (True, False))
+    attention = [dict(e.stages[0].compute_split)["attention"] for e in (kept, recomputed)]
+    assert attention[1] / attention[0] == pytest.approx(4.5 / 3.5)
+    tokens = 8192  # one sequence per dp rank
+    per_block = tokens * (2 * EIGHT_B.dim + 4 * EIGHT_B.n_heads)
+    assert kept.memory.activations - recomputed.memory.activations == EIGHT_B.n_layers * per_block
+    assert recomputed.step_time_s > kept.step_time_s
+    assert "op_recomputes_attention" in str(recomputed)
+    # Policies that keep every activation, or only the block's input, are untouched by it.
+    for mode in ("none", "full"):
+        plain = cfg.replace(activation_checkpointing=mode)
+        a, b = (wb.estimate(plain, "b200", features=Features(op_keeps_attention=k)) for k in (True, False))
+        assert a.step_time_s == b.step_time_s and a.memory.activations == b.memory.activations

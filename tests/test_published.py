@@ -39,9 +39,12 @@ def test_every_published_torchtitan_run_is_a_config_as_launched():
     # table (5).
     assert len(TORCHTITAN) == 37 and len({r.name for r in TORCHTITAN}) == 37
     for run in TORCHTITAN:
-        # No stand-ins: what the estimator models beyond the Config is torchtitan's loss (parallel under tp,
-        # compiled since 2025), which this engine's model does not run.
-        assert set(run.features.describe().split("+")) <= {"none", "loss_parallel", "compile_loss"}, run.name
+        # No stand-ins: what the estimator models beyond the Config is torchtitan's own code, which this engine
+        # does not run: its loss (parallel under tp, compiled since 2025) and, on Blackwell, its per-op save list
+        # that does not name the cuDNN attention it calls there.
+        allowed = {"none", "loss_parallel", "compile_loss", "op_recomputes_attention"}
+        assert set(run.features.describe().split("+")) <= allowed, run.name
+        assert run.features.op_keeps_attention or run.hardware.startswith("b200"), run.name
         assert not run.features.loss_parallel or run.cfg.tp > 1
     by_name = {r.name: r.cfg for r in TORCHTITAN}
     # The 405B pipelines cut as torchtitan's generate_split_points cut them: the first and last stages lighter.
@@ -73,9 +76,9 @@ def test_torchtitan_throughput(run):
     assert math.isclose(predicted, run.tokens_per_s_per_gpu, rel_tol=TOLERANCE)
 
 
-REACHED = {"tput_mean": 0.26, "tput_worst": 1.45, "mem_mean": 0.093, "mem_worst": 0.24}
-"""What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 25.3%, 144.2%, 9.2%, 23.9%.
-Issue 34 asks 3% mean and 8% worst for both; the rows that miss most (the B200 runs, +92-144%; the Float8 rowwise
+REACHED = {"tput_mean": 0.23, "tput_worst": 1.24, "mem_mean": 0.079, "mem_worst": 0.171}
+"""What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 22.9%, 123.4%, 7.8%, 17.0%.
+Issue 34 asks 3% mean and 8% worst for both; the rows that miss most (the B200 runs, +79-123%; the Float8 rowwise
 runs under TP, a known torchao slowdown, +22-43%) are named in docs/estimator.md with what is known of why."""
 
 

@@ -26,6 +26,13 @@ class Features:
     loss_parallel: bool = False
     """tensor parallel keeps the logits split over the vocabulary for the loss (torchtitan's default with tp):
     no all-gather of the logits, each rank's loss tensors 1/tp of the vocabulary."""
+    op_keeps_attention: bool = True
+    """The per-op selective policy (Config.activation_checkpointing "op") keeps attention's output and log-sum-exp,
+    as this engine's does and torchtitan's `_save_list` does for SDPA's flash and memory-efficient kernels. False
+    where the run's attention kernel is not in that list, so backward runs attention's forward again and keeps
+    nothing of it: torchtitan from 6fc499f (August 2025) calls SDPA's cuDNN kernel first on Blackwell (compute
+    capability 10.0; `models/attention.py`), which its save list (`models/llama3/infra/parallelize.py`) does not
+    name. The built-in blocks' kept bytes drop by it; a traced model's are what its trace saw."""
     nvfp4: float = 0.0
     """Share of the blocks, the first ones, whose linears run NVFP4 (torchao's NVFP4 training prototype on
     Blackwell: e2m1 elements with an fp8 scale per 16 and one fp32 scale per tensor; torchtitan's recipe
@@ -39,6 +46,8 @@ class Features:
 
     def describe(self) -> str:
         on = [name for name in ("compile_loss", "loss_parallel") if getattr(self, name)]
+        if not self.op_keeps_attention:
+            on.append("op_recomputes_attention")
         if self.nvfp4:
             on.append(f"nvfp4 {self.nvfp4:.0%} of blocks")
         return "+".join(on) if on else "none"

@@ -3,8 +3,9 @@ what, on any kernels.
 
 "selective" and "full" checkpoint whole blocks: such a block keeps its input only. "op" (torchtitan's selective
 op policy, torch's selective checkpoint API) checkpoints every block but keeps, from its forward, the outputs of
-every other matmul (wq, wv, w1, w2 of wq, wk, wv, wo, w1, w3, w2), of attention (output and log-sum-exp), and
-under tensor parallel of the two sequence-parallel reduce-scatters; backward recomputes the rest.
+every other matmul (wq, wv, w1, w2 of wq, wk, wv, wo, w1, w3, w2), of attention (output and log-sum-exp; not where
+the policy does not name the attention kernel the run calls, `Features.op_keeps_attention`), and under tensor
+parallel of the two sequence-parallel reduce-scatters; backward recomputes the rest.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ def policy(st: Stage, layer: int) -> str:
     return "block" if st.is_checkpointed(layer) else "none"
 
 
-def op_block(st: Stage, dt: Dtypes, layer: int | None = None) -> int:
+def op_block(st: Stage, dt: Dtypes, layer: int | None = None, keeps_attention: bool = True) -> int:
     """Bytes a dense block (block `layer` of a traced model) keeps for one micro-batch under the per-op selective
-    policy."""
+    policy; `keeps_attention` False: the policy recomputes attention instead (`Features.op_keeps_attention`)."""
     if st.profile is not None:
         return _traced_op_block(st, dt, st.layers[0] if layer is None else layer)
     m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     kv = m.kv_heads * m.head_dim
-    sharded = r * m.dim + a * (m.dim + kv + m.hidden_dim) + a * m.dim + 4 * m.n_heads
+    attention = a * m.dim + 4 * m.n_heads if keeps_attention else 0  # its output and log-sum-exp
+    sharded = r * m.dim + a * (m.dim + kv + m.hidden_dim) + attention
     if tp > 1:
         sharded += 2 * a * m.dim  # the saved reduce-scatter outputs of wo and w2
     return round(st.tokens * (sharded / tp + a * m.dim))

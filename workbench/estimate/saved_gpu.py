@@ -11,7 +11,8 @@ sequence parallel or the head split shards it, whole where tensor parallel gathe
                           (+ under autocast, the 2-byte copy of every weight)
   per-op ("op", torchtitan's selective op policy: every other mm output and the attention output kept, the rest
   recomputed): block input r·D ÷tp; wq, wv, w1 outputs a·(D + K + F) ÷tp; w2's mm output a·D whole (before its
-  reduce-scatter) ; attention output + logsumexp (a·D + 4A) ÷tp; under tp the two reduce-scatter outputs 2·a·D ÷tp
+  reduce-scatter) ; attention output + logsumexp (a·D + 4A) ÷tp (none where the policy does not name the attention
+  kernel: `Features.op_keeps_attention`); under tp the two reduce-scatter outputs 2·a·D ÷tp
   checkpointed block       its input, r·D ÷tp
 
 Flash attention (torch's SDPA on CUDA) keeps no seq² scores: only its output and the log-sum-exp. A norm is
@@ -60,7 +61,7 @@ def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
     if how == "block":
         return input_only(st, dt)
     if how == "op":
-        return op_block(st, dt) + moe
+        return op_block(st, dt, keeps_attention=features.op_keeps_attention) + moe
     return whole_block(st, dt, features) + moe
 
 

@@ -120,7 +120,8 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
         tp_gather, tp_scatter = tp_gather + count * gathered, tp_scatter + count * scattered
         attn_fwd += count * attention_time(hw, base, fwd_flops, backward=False)
-        attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(how == "block"))
+        recomputed = how == "block" or (how == "op" and not features.op_keeps_attention)
+        attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(recomputed))
     if st.last:
         vocab = -(-(traced.vocab_size if traced else m.vocab_size) // tp)
         gemm_fwd += linear_time(hw, base, t, d, vocab, a, backward=False)
