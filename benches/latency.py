@@ -33,8 +33,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from bytecode import require_compiled  # benches/bytecode.py
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -176,6 +174,8 @@ def main() -> None:
     wanted = set(p.parse_args().rows.split(","))
     if unknown := wanted - set(ROWS):
         p.error(f"--rows: unknown {sorted(unknown)}; choose from {', '.join(ROWS)}")
+    from bytecode import require_compiled  # benches/bytecode.py
+
     require_compiled("benches/latency.py")
 
     import engine  # benches/engine.py: the plain torchrun loop
