@@ -32,6 +32,7 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import cloudpickle  # noqa: E402
 import ddp_loop  # noqa: E402
 import peers  # noqa: E402
+from bytecode import require_compiled  # noqa: E402  (benches/bytecode.py)
 
 cloudpickle.register_pickle_by_value(ddp_loop)  # ranks cannot import benches/: send its functions by value
 
@@ -187,6 +188,7 @@ def table(rows: list[tuple[str, float | None, float | None, float | None]]) -> N
 
 
 def main() -> None:
+    require_compiled("benches/pool.py")
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {__import__('torch').__version__}; "
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
     pipe = bench_pipe_prototype(signed=False)

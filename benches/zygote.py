@@ -25,6 +25,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from bytecode import require_compiled  # benches/bytecode.py
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PREPARE = '''
@@ -110,6 +112,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
+    require_compiled("benches/zygote.py")
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="wb-zygote-") as folder:
         t = time.monotonic()
