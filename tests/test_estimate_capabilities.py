@@ -130,3 +130,33 @@ def test_an_op_policy_that_does_not_keep_attention_recomputes_its_forward_and_ke
         plain = cfg.replace(activation_checkpointing=mode)
         a, b = (wb.estimate(plain, "b200", features=Features(op_keeps_attention=k)) for k in (True, False))
         assert a.step_time_s == b.step_time_s and a.memory.activations == b.memory.activations
+
+
+def test_rowwise_backward_reads_and_writes_every_gemm_output_again_as_torchao_rescales_it():
+    # torchao runs backward's rowwise GEMMs as tensorwise cuBLAS ones and scales their outputs after
+    # (low_precision.py): one more read and write of each input gradient and weight gradient. Their elements,
+    # counted by the estimator, against the gradients a real block's backward produces.
+    import torch
+
+    from workbench.estimate.low_precision import _rescaled_outputs
+    from workbench.models.transformer import Block, rotary_table
+    from workbench.tracing.estimate import traced_profile
+
+    m = wb.ModelConfig.preset("tiny")
+    st = stage_shapes(wb.Config(model=m, precision="fp8_rowwise", seq_len=64, batch_size=2))[0]
+    block = Block(m)
+    linears = [mod for mod in block.modules() if isinstance(mod, torch.nn.Linear)]
+    input_gradients = []
+    for linear in linears:
+        linear.register_full_backward_hook(lambda mod, grad_in, grad_out: input_gradients.append(grad_in[0].numel()))
+    x = torch.randn(2, 64, m.dim, requires_grad=True)
+    block(x, rotary_table(m.head_dim, 64, m.rope_theta)).sum().backward()
+    assert len(input_gradients) == len(linears) == 7
+    measured = sum(input_gradients) + sum(linear.weight.grad.numel() for linear in linears)
+    assert _rescaled_outputs(st, None) * st.tokens == measured
+    # A traced model's linears give the same count, whole and under tensor parallel.
+    gemms = traced_profile(m, 64, "fp32").kinds[0].gemms
+    for tp in (1, 2):
+        sharded = stage_shapes(wb.Config(model=m, precision="fp8_rowwise", seq_len=64, batch_size=2, tp=tp))[0]
+        assert _rescaled_outputs(sharded, [(g.count, *g.fans(tp)) for g in gemms]) == pytest.approx(
+            _rescaled_outputs(sharded, None))

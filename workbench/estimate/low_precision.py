@@ -12,7 +12,12 @@ torchao/float8/float8_linear.py and torchao/prototype/mx_formats; inductor fuses
   backward's casts (a one-byte read and write each);
 - a scale per row (rowwise): a row's maximum and its cast in one pass (a + 1) for the operands scaled along their
   rows; the weight gradient's are scaled along the tokens (columns), a reduction over every row first: 2a + 1, written
-  transposed;
+  transposed. Backward's two GEMMs (which torchao runs without fast accumulation) do not take their row scales in
+  the GEMM: torch's rowwise kernel (CUTLASS) is "so slow without fast-accum" that torchao calls the tensorwise
+  cuBLAS kernel with unit scales and multiplies its output by the scales afterwards (`addmm_float8_unwrapped`,
+  torchao/float8/float8_ops.py, in every release from PR 1325, Nov 2024, to 0.13), which under compile is "at least
+  one extra triton kernel per GEMM" (pytorch/ao issue 2184): each input gradient and weight gradient read and
+  written once more (2a a element);
 - a scale per block of 32 (MX, OCP microscaling) or 16 (NVFP4) along the reduction dim: each block's maximum and
   cast in one pass, along rows or, for the weight gradient, columns (torchao's dim-1 cast kernel writes the transposed
   layout itself): a + 1 (a + 0.5 for 4-bit elements) plus a scale byte per block; NVFP4 adds one per-tensor amax
@@ -80,4 +85,18 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
         backward += 2 * (inputs + outputs)  # the weight gradient's transposed copies of both casts
     else:
         backward += (inputs + outputs) * _pass_bytes(recipe, a, True)  # both operands cast again along the tokens
+    if recipe == "rowwise":
+        backward += 2 * a * _rescaled_outputs(st, linears)
     return forward, backward
+
+
+def _rescaled_outputs(st: Stage, linears: list[tuple[int, int, int]] | None) -> float:
+    """Elements per token of one block's backward GEMM outputs on this rank: each linear's input gradient (its
+    fan-in, on every token it reads) and its weight gradient (fan-in × fan-out, once a micro-batch)."""
+    if linears is None:
+        m, tp = st.shape, st.cfg.tp
+        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
+        linears = [(1, d, q // tp), (2, d, kv // tp), (1, q // tp, d), (2, d, f // tp), (1, f // tp, d)]
+    gradients = sum(n * fan_in for n, fan_in, _ in linears)
+    weights = sum(n * fan_in * fan_out for n, fan_in, fan_out in linears)
+    return gradients + weights / st.tokens
