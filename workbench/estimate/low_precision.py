@@ -94,9 +94,7 @@ def _rescaled_outputs(st: Stage, linears: list[tuple[int, int, int]] | None) -> 
     """Elements per token of one block's backward GEMM outputs on this rank: each linear's input gradient (its
     fan-in, on every token it reads) and its weight gradient (fan-in × fan-out, once a micro-batch)."""
     if linears is None:
-        m, tp = st.shape, st.cfg.tp
-        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
-        linears = [(1, d, q // tp), (2, d, kv // tp), (1, q // tp, d), (2, d, f // tp), (1, f // tp, d)]
+        linears = [(1, fan_in, fan_out) for fan_in, fan_out in st.block_linears()]
     gradients = sum(n * fan_in for n, fan_in, _ in linears)
     weights = sum(n * fan_in * fan_out for n, fan_in, fan_out in linears)
     return gradients + weights / st.tokens

@@ -164,15 +164,12 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
     """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
     a mixture of experts, whose GEMMs follow), recomputed as `how` says; and of them, the matmuls beside tensor
     parallel's gathers and reduce-scatters (`_split_windows`)."""
-    m, tp, t = st.shape, st.cfg.tp, st.tokens
-    d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
-    q = m.n_heads * m.head_dim
-    attention_linears = [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d)]
-    mlp_linears = [(d, f // tp), (d, f // tp), (f // tp, d)]
+    t = st.tokens
+    linears = st.block_linears()
     recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
     row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
     fwd = bwd = gathered = scattered = 0.0
-    for i, (fan_in, fan_out) in enumerate(attention_linears + ([] if moe else mlp_linears)):
+    for i, (fan_in, fan_out) in enumerate(linears[:4] if moe else linears):
         one, dgrad, wgrad = linear_parts(hw, precision, t, fan_in, fan_out, elem, chunks)
         again = how == "block" or (how == "op" and i in recomputed_op)
         fwd += one
