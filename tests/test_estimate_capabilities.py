@@ -138,7 +138,7 @@ def test_rowwise_backward_reads_and_writes_every_gemm_output_again_as_torchao_re
     # counted by the estimator, against the gradients a real block's backward produces.
     import torch
 
-    from workbench.estimate.low_precision import _rescaled_outputs
+    from workbench.estimate.low_precision import _rescaled_outputs, converted_linears
     from workbench.models.transformer import Block, rotary_table
     from workbench.tracing.estimate import traced_profile
 
@@ -153,10 +153,39 @@ def test_rowwise_backward_reads_and_writes_every_gemm_output_again_as_torchao_re
     block(x, rotary_table(m.head_dim, 64, m.rope_theta)).sum().backward()
     assert len(input_gradients) == len(linears) == 7
     measured = sum(input_gradients) + sum(linear.weight.grad.numel() for linear in linears)
-    assert _rescaled_outputs(st, None) * st.tokens == measured
+    assert _rescaled_outputs(st, converted_linears(st)) * st.tokens == measured
     # A traced model's linears give the same count, whole and under tensor parallel.
     gemms = traced_profile(m, 64, "fp32").kinds[0].gemms
     for tp in (1, 2):
         sharded = stage_shapes(wb.Config(model=m, precision="fp8_rowwise", seq_len=64, batch_size=2, tp=tp))[0]
         assert _rescaled_outputs(sharded, [(g.count, *g.fans(tp)) for g in gemms]) == pytest.approx(
-            _rescaled_outputs(sharded, None))
+            _rescaled_outputs(sharded, converted_linears(sharded)))
+
+
+@pytest.mark.parametrize("shared_expert", [True, False])
+def test_the_linears_the_estimator_runs_in_low_precision_are_those_the_engine_converts(shared_expert):
+    # engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and routed
+    # experts; the estimator's casts (and the shared expert's GEMMs) follow the same list, block by block.
+    import torch
+
+    from workbench.engine.parallel.float8 import converts
+    from workbench.estimate.low_precision import cast_bytes, converted_linears
+    from workbench.models.transformer import Transformer
+
+    model = dataclasses.replace(wb.ModelConfig.preset("tiny"), n_layers=2, n_experts=4, moe_every=2,
+                                shared_expert=shared_expert)
+    with torch.device("meta"):
+        built = Transformer(model)
+    experts = built.routed_experts()
+    st = stage_shapes(wb.Config(model=model, precision="fp8_tensorwise", seq_len=64, batch_size=2))[0]
+    for layer in range(model.n_layers):
+        engine = sorted((mod.in_features, mod.out_features) for fqn, mod in built.named_modules()
+                        if fqn.startswith(f"layers.{layer}.") and converts(mod, fqn, "output", experts))
+        estimated = sorted((fan_in, fan_out) for n, fan_in, fan_out in converted_linears(st, model.is_moe_layer(layer))
+                           for _ in range(n))
+        assert estimated == engine, f"block {layer}"
+    # The built-in formula of the casts agrees with the list, linear by linear, where no input is shared (eager).
+    dt = dtypes(wb.Config(model=model, precision="fp8_rowwise", seq_len=64, batch_size=2))
+    for moe in (False, True):
+        assert cast_bytes(st, dt, "rowwise", moe=moe) == pytest.approx(
+            cast_bytes(st, dt, "rowwise", converted_linears(st, moe)))

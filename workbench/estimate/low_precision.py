@@ -61,11 +61,25 @@ def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
     raise ValueError(f"no cast model for recipe {recipe!r}")
 
 
-def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
-               linears: list[tuple[int, int, int]] | None = None) -> tuple[float, float]:
+def converted_linears(st: Stage, moe: bool = False) -> list[tuple[int, int, int]]:
+    """(count, fan-in, fan-out) on this rank of the built-in block's linears that run in low precision
+    (engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and experts):
+    all seven of a dense block; attention's four and the shared expert's three of a mixture of experts, whose FFN
+    runs whole on every tp rank."""
+    linears = st.block_linears()
+    if not moe:
+        return [(1, fan_in, fan_out) for fan_in, fan_out in linears]
+    m = st.shape
+    shared = [(2, m.dim, m.hidden_dim), (1, m.hidden_dim, m.dim)] if m.shared_expert else []
+    return [(1, fan_in, fan_out) for fan_in, fan_out in linears[:4]] + shared
+
+
+def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int, int]] | None = None,
+               moe: bool = False) -> tuple[float, float]:
     """Bytes per token one block's casts move, (forward, backward), on this rank; a recomputed block's
     recomputation costs its forward again. `recipe`: dt.recipe, or "nvfp4". `linears`: a traced block's (count,
-    fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's seven."""
+    fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's (`converted_linears`;
+    `moe`: its FFN a mixture of experts)."""
     tp, a = st.cfg.tp, dt.compute
     if linears is not None:
         inputs = sum(n * fan_in for n, fan_in, _ in linears)
@@ -73,12 +87,18 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
     else:
         m = st.shape
         d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
-        # Inputs (fan-in, per token on this rank) of the seven linears, the shared ones once or per linear;
-        # outputs (fan-out) whose gradients are cast in backward.
+        # Inputs (fan-in, per token on this rank) of the linears, the shared ones once or per linear; outputs
+        # (fan-out) whose gradients are cast in backward.
         shared = dt.fused or (tp > 1 and recipe == "tensorwise")
         gathered = d / tp if tp > 1 and recipe == "tensorwise" else d  # cast before or after the sequence gather
-        inputs = (2 * gathered if shared else 5 * gathered) + q / tp + f / tp
-        outputs = (q + 2 * kv + 2 * f) / tp + 2 * (d / tp if tp > 1 and recipe == "tensorwise" else d)
+        inputs = (1 if shared else 3) * gathered + q / tp  # wq, wk, wv; wo
+        outputs = (q + 2 * kv) / tp + gathered
+        if not moe:  # w1, w3; w2
+            inputs += (1 if shared else 2) * gathered + f / tp
+            outputs += 2 * f / tp + gathered
+        elif m.shared_expert:  # whole on every tp rank, its input gathered in bf16 as the routed experts' is
+            inputs += (1 if dt.fused else 2) * d + f
+            outputs += 2 * f + d
     forward = inputs * _pass_bytes(recipe, a, False)
     backward = outputs * _pass_bytes(recipe, a, False)
     if recipe == "tensorwise":
@@ -86,15 +106,13 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str,
     else:
         backward += (inputs + outputs) * _pass_bytes(recipe, a, True)  # both operands cast again along the tokens
     if recipe == "rowwise":
-        backward += 2 * a * _rescaled_outputs(st, linears)
+        backward += 2 * a * _rescaled_outputs(st, linears if linears is not None else converted_linears(st, moe))
     return forward, backward
 
 
-def _rescaled_outputs(st: Stage, linears: list[tuple[int, int, int]] | None) -> float:
+def _rescaled_outputs(st: Stage, linears: list[tuple[int, int, int]]) -> float:
     """Elements per token of one block's backward GEMM outputs on this rank: each linear's input gradient (its
     fan-in, on every token it reads) and its weight gradient (fan-in × fan-out, once a micro-batch)."""
-    if linears is None:
-        linears = [(1, fan_in, fan_out) for fan_in, fan_out in st.block_linears()]
     gradients = sum(n * fan_in for n, fan_in, _ in linears)
     weights = sum(n * fan_in * fan_out for n, fan_in, fan_out in linears)
     return gradients + weights / st.tokens

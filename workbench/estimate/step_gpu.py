@@ -114,7 +114,7 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
             fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks)
             linears = None
         if recipe:
-            c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears)
+            c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears, moe=traced is None and kind)
             cast_fwd += count * t * c_fwd
             cast_bwd += count * t * (c_bwd + (c_fwd if how != "none" else 0.0))  # recomputation casts again
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
@@ -177,8 +177,9 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
         g, s = _split_windows("row" if i in row_parallel else "column", how, again, one, dgrad, wgrad)
         gathered, scattered = gathered + g, scattered + s
     if moe:
-        # Float8 converts no expert (engine/parallel/float8.py): the MoE FFN's GEMMs stay in bf16.
-        moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block")
+        # Low precision converts neither the router nor the routed experts (engine/parallel/float8.py): their
+        # GEMMs stay in bf16; the shared expert, an nn.Linear trio, runs as attention does.
+        moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block", precision, elem)
         fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
     return fwd, bwd, gathered, scattered
 
@@ -209,9 +210,11 @@ def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precis
     return fwd, bwd, gathered, scattered
 
 
-def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool) -> tuple[float, float]:
+def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: bool, shared_precision: str,
+               shared_elem: float) -> tuple[float, float]:
     """A MoE FFN's GEMMs (replicated over tp): the router (fp32) and each local expert's SwiGLU over its even
-    share of the routed tokens, and the shared expert over every token."""
+    share of the routed tokens at `precision`, and the shared expert over every token at `shared_precision` (an
+    nn.Linear, which low-precision training converts as it does attention's)."""
     cfg, m, t = st.cfg, st.shape, st.tokens
     rows = max(1, assignments(st) * cfg.ep // m.n_experts)
     experts = m.n_experts // cfg.ep
@@ -222,8 +225,8 @@ def _moe_gemms(st: Stage, hw: Hardware, precision: str, elem: float, recompute: 
         fwd += experts * linear_time(hw, precision, rows, fan_in, fan_out, elem, backward=False)
         bwd += experts * linear_time(hw, precision, rows, fan_in, fan_out, elem, forward=False)
         if m.shared_expert:
-            fwd += linear_time(hw, precision, t, fan_in, fan_out, elem, backward=False)
-            bwd += linear_time(hw, precision, t, fan_in, fan_out, elem, forward=False)
+            fwd += linear_time(hw, shared_precision, t, fan_in, fan_out, shared_elem, backward=False)
+            bwd += linear_time(hw, shared_precision, t, fan_in, fan_out, shared_elem, forward=False)
     return fwd, bwd + (fwd if recompute else 0.0)
 
 
