@@ -17,7 +17,7 @@ torchao/float8/float8_linear.py and torchao/prototype/mx_formats; inductor fuses
   cuBLAS kernel with unit scales and multiplies its output by the scales afterwards (`addmm_float8_unwrapped`,
   torchao/float8/float8_ops.py, in every release from PR 1325, Nov 2024, to 0.13), which under compile is "at least
   one extra triton kernel per GEMM" (pytorch/ao issue 2184): each input gradient and weight gradient read and
-  written once more (2a a element);
+  written once more (2a bytes an element);
 - a scale per block of 32 (MX, OCP microscaling) or 16 (NVFP4) along the reduction dim: each block's maximum and
   cast in one pass, along rows or, for the weight gradient, columns (torchao's dim-1 cast kernel writes the transposed
   layout itself): a + 1 (a + 0.5 for 4-bit elements) plus a scale byte per block; NVFP4 adds one per-tensor amax
