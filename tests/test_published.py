@@ -76,9 +76,9 @@ def test_torchtitan_throughput(run):
     assert math.isclose(predicted, run.tokens_per_s_per_gpu, rel_tol=TOLERANCE)
 
 
-REACHED = {"tput_mean": 0.221, "tput_worst": 1.19, "mem_mean": 0.079, "mem_worst": 0.171}
-"""What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 22.1%, 118.5%, 7.8%, 17.0%.
-Issue 34 asks 3% mean and 8% worst for both; the rows that miss most (the B200 runs, +79-119%; the Float8 rowwise
+REACHED = {"tput_mean": 0.211, "tput_worst": 1.15, "mem_mean": 0.079, "mem_worst": 0.171}
+"""What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 21.0%, 114.3%, 7.8%, 17.0%.
+Issue 34 asks 3% mean and 8% worst for both; the rows that miss most (the B200 runs, +55-114%; the Float8 rowwise
 runs under TP, a known torchao slowdown, +17-35%) are named in docs/estimator.md with what is known of why."""
 
 

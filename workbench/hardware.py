@@ -44,6 +44,10 @@ class Hardware:
     """Streaming multiprocessors: how many GEMM output tiles run at once (wave quantization)."""
     gemm_efficiency: float = 0.0
     """Fraction of peak a large GEMM (every dim ≥ 4096) reaches; 0: the shared GEMM_EFFICIENCY."""
+    low_precision_gemm_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
+    """By 8-bit or 4-bit peak key ("fp8", "mxfp8", "nvfp4"): the fraction of that peak a large GEMM in the format
+    reaches, measured on this device at 8192³; a format not here takes the share measured on Hopper's fp8
+    (estimate.kernels.FP8_GEMM_EFFICIENCY)."""
     attention_efficiency: float = 0.0
     """Fraction of the bf16 peak flash attention reaches, forward + backward, causal; 0: no figure (CPU)."""
     cluster: str = "h100-ib"
@@ -201,10 +205,19 @@ B200 = Hardware(
     peak_flops={"fp32": 80 * TFLOPS, "tf32": 1100 * TFLOPS, "bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS,
                 "fp8": 4500 * TFLOPS, "mxfp8": 4500 * TFLOPS, "nvfp4": 9000 * TFLOPS},
     memory_bytes=180 * GB,
-    mem_bw=8 * TB,
+    # The datasheet's 8 TB/s counts an 8,192-bit bus; the driver reports 7,680 bits (CUDA 13 and a device query),
+    # at 3,996 MHz double data rate: 7.67 TB/s (pytorch/ao PR 4002, 2026, its B200 roofline figure).
+    mem_bw=7680 / 8 * 3.996e9 * 2,
     link_bw=900 * GB,  # NVLink 5
     measured=False,
     sms=148,
+    # cuBLAS on a B200 in June 2025 (torch nightly, the stack of torchao's B200 table): an 8192³ bf16 GEMM at
+    # 1.42 PFLOP/s, 63.1% of peak, and an NVFP4 one at 5.37 PFLOP/s, 59.7% (pytorch/ao PR 2427,
+    # benchmarks/float8/bench_matmul.py); the H100's bf16 share is 80%, its fp8 share 71%. vLLM's B200 bf16 GEMMs
+    # agree (vllm-project/vllm PR 19566, 2025: 1,444 to 1,513 TFLOP/s, 64-67%, at 2,048 to 16,384 rows). The NVFP4
+    # figure is for NVFP4 alone: no fp8 or MXFP8 GEMM was measured on a B200 of that stack; they keep Hopper's share.
+    gemm_efficiency=2 * 8192**3 / 7.74e-4 / (2250 * TFLOPS),
+    low_precision_gemm_efficiency={"nvfp4": 2 * 8192**3 / 2.05e-4 / (9000 * TFLOPS)},
     attention_efficiency=FLASH_ATTENTION_H100,
     cluster="b200-ib",
     rated_power_w=1000,

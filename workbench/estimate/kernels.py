@@ -63,6 +63,9 @@ def wave_efficiency(hw: Hardware, rows: int, cols: int) -> float:
 def _intrinsic(hw: Hardware, precision: str = "bf16") -> float:
     """The large-GEMM fraction of peak at `precision` with its measured shape's wave efficiency divided out."""
     if precision.startswith("fp8") or precision in LOW_PRECISION:
+        measured = hw.low_precision_gemm_efficiency.get("fp8" if precision.startswith("fp8") else precision)
+        if measured:
+            return _divided_out(measured, hw.sms, (MEASURED_SHAPE, MEASURED_SHAPE))
         return _divided_out(FP8_GEMM_EFFICIENCY, hw.sms, FP8_MEASURED_SHAPE)
     return _divided_out(hw.gemm_efficiency or GEMM_EFFICIENCY, hw.sms, (MEASURED_SHAPE, MEASURED_SHAPE))
 
