@@ -162,30 +162,54 @@ def test_rowwise_backward_reads_and_writes_every_gemm_output_again_as_torchao_re
             _rescaled_outputs(sharded, converted_linears(sharded)))
 
 
-@pytest.mark.parametrize("shared_expert", [True, False])
-def test_the_linears_the_estimator_runs_in_low_precision_are_those_the_engine_converts(shared_expert):
+@pytest.mark.parametrize(("shared_expert", "precision", "ffn_dim"),
+                         [(True, "fp8_tensorwise", None), (False, "fp8_tensorwise", None),
+                          # 336 is a multiple of 16, not of 32: Float8 converts the FFN, MX keeps it in bf16.
+                          (True, "fp8_tensorwise", 336), (True, "mxfp8", 336), (False, "mxfp8", 336)])
+def test_the_linears_the_estimator_runs_in_low_precision_are_those_the_engine_converts(shared_expert, precision,
+                                                                                      ffn_dim):
     # engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and routed
-    # experts; the estimator's casts (and the shared expert's GEMMs) follow the same list, block by block.
+    # experts, whose dims are multiples of 16 (32 for MX); the estimator's casts (and the shared expert's GEMMs)
+    # follow the same list, block by block.
     import torch
 
-    from workbench.engine.parallel.float8 import converts
+    from workbench.engine.parallel.float8 import MULTIPLE, MX_MULTIPLE, converts
     from workbench.estimate.low_precision import cast_bytes, converted_linears
     from workbench.models.transformer import Transformer
 
     model = dataclasses.replace(wb.ModelConfig.preset("tiny"), n_layers=2, n_experts=4, moe_every=2,
-                                shared_expert=shared_expert)
+                                shared_expert=shared_expert, ffn_dim=ffn_dim)
     with torch.device("meta"):
         built = Transformer(model)
     experts = built.routed_experts()
-    st = stage_shapes(wb.Config(model=model, precision="fp8_tensorwise", seq_len=64, batch_size=2))[0]
+    cfg = wb.Config(model=model, precision=precision, seq_len=64, batch_size=2)
+    st = stage_shapes(cfg)[0]
+    recipe, multiple = dtypes(cfg).recipe, MX_MULTIPLE if precision == "mxfp8" else MULTIPLE
     for layer in range(model.n_layers):
         engine = sorted((mod.in_features, mod.out_features) for fqn, mod in built.named_modules()
-                        if fqn.startswith(f"layers.{layer}.") and converts(mod, fqn, "output", experts))
-        estimated = sorted((fan_in, fan_out) for n, fan_in, fan_out in converted_linears(st, model.is_moe_layer(layer))
-                           for _ in range(n))
+                        if fqn.startswith(f"layers.{layer}.") and converts(mod, fqn, "output", experts, multiple))
+        estimated = sorted((fan_in, fan_out) for n, fan_in, fan_out
+                           in converted_linears(st, model.is_moe_layer(layer), recipe) for _ in range(n))
         assert estimated == engine, f"block {layer}"
     # The built-in formula of the casts agrees with the list, linear by linear, where no input is shared (eager).
     dt = dtypes(wb.Config(model=model, precision="fp8_rowwise", seq_len=64, batch_size=2))
     for moe in (False, True):
         assert cast_bytes(st, dt, "rowwise", moe=moe) == pytest.approx(
-            cast_bytes(st, dt, "rowwise", converted_linears(st, moe)))
+            cast_bytes(st, dt, "rowwise", converted_linears(st, moe, "rowwise")))
+
+
+def test_a_model_whose_linears_the_engine_keeps_out_of_low_precision_is_priced_in_bf16():
+    # Dims that are not multiples of 16 (engine/parallel/float8.py): every linear stays in bf16, so a Float8 run
+    # multiplies as the bf16 one does and casts nothing.
+    model = dataclasses.replace(wb.ModelConfig.preset("tiny"), dim=72, ffn_dim=200)
+    cfg = wb.Config(model=model, dp=2, zero=3, precision="bf16", mixed_precision="fsdp", seq_len=1024,
+                    batch_size=16, compile=True)
+    bf16, fp8 = (dict(wb.estimate(c, "h100").stages[0].compute_split)
+                 for c in (cfg, cfg.replace(precision="fp8_tensorwise")))
+    assert fp8["gemm"] == bf16["gemm"] and fp8["memory-bound"] == bf16["memory-bound"]
+    converted = dict(wb.estimate(cfg.replace(model=dataclasses.replace(model, dim=64, ffn_dim=192),
+                                             precision="fp8_tensorwise"), "h100").stages[0].compute_split)
+    wider = dict(wb.estimate(cfg.replace(model=dataclasses.replace(model, dim=64, ffn_dim=192)), "h100")
+                 .stages[0].compute_split)
+    assert converted["memory-bound"] > wider["memory-bound"]  # where it converts, its casts are priced
+

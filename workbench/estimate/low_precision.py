@@ -31,7 +31,7 @@ inputs again: the casts are not in the per-op policy's save list, so backward re
 
 from __future__ import annotations
 
-from workbench.estimate.options import Dtypes
+from workbench.estimate.options import Dtypes, converts
 from workbench.estimate.stage import Stage
 
 SCALE_BLOCK = {"mx": 32, "nvfp4": 16}
@@ -61,17 +61,30 @@ def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
     raise ValueError(f"no cast model for recipe {recipe!r}")
 
 
-def converted_linears(st: Stage, moe: bool = False) -> list[tuple[int, int, int]]:
+def block_converts(st: Stage, recipe: str) -> list[bool]:
+    """Of the built-in block's seven linears (`Stage.block_linears`' order), which run in low precision."""
+    return [converts(fan_in, fan_out, recipe) for fan_in, fan_out in st.block_linears(whole=True)]
+
+
+def shared_expert_converts(st: Stage, recipe: str) -> bool:
+    """Whether a mixture of experts' shared expert (w1, w3: dim → hidden; w2 back) runs in low precision."""
+    return converts(st.shape.dim, st.shape.hidden_dim, recipe)
+
+
+def converted_linears(st: Stage, moe: bool = False, recipe: str = "") -> list[tuple[int, int, int]]:
     """(count, fan-in, fan-out) on this rank of the built-in block's linears that run in low precision
-    (engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and experts):
-    all seven of a dense block; attention's four and the shared expert's three of a mixture of experts, whose FFN
-    runs whole on every tp rank."""
-    linears = st.block_linears()
+    (engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and experts,
+    whose dims are multiples of `CONVERTED_MULTIPLE[recipe]`): all seven of a dense block; attention's four and the
+    shared expert's three of a mixture of experts, whose FFN runs whole on every tp rank."""
+    kept = block_converts(st, recipe)
+    linears = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(st.block_linears(), kept) if k]
     if not moe:
-        return [(1, fan_in, fan_out) for fan_in, fan_out in linears]
+        return linears
     m = st.shape
-    shared = [(2, m.dim, m.hidden_dim), (1, m.hidden_dim, m.dim)] if m.shared_expert else []
-    return [(1, fan_in, fan_out) for fan_in, fan_out in linears[:4]] + shared
+    attention = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(st.block_linears()[:4], kept[:4]) if k]
+    shared = ([(2, m.dim, m.hidden_dim), (1, m.hidden_dim, m.dim)]
+              if m.shared_expert and shared_expert_converts(st, recipe) else [])
+    return attention + shared
 
 
 def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int, int]] | None = None,
@@ -81,6 +94,9 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int,
     fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's (`converted_linears`;
     `moe`: its FFN a mixture of experts)."""
     tp, a = st.cfg.tp, dt.compute
+    if linears is None and not all(block_converts(st, recipe)):
+        # Some linears stay in bf16: each converted one casts its input on its own.
+        linears = converted_linears(st, moe, recipe)
     if linears is not None:
         inputs = sum(n * fan_in for n, fan_in, _ in linears)
         outputs = sum(n * fan_out for n, _, fan_out in linears)
@@ -106,7 +122,8 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int,
     else:
         backward += (inputs + outputs) * _pass_bytes(recipe, a, True)  # both operands cast again along the tokens
     if recipe == "rowwise":
-        backward += 2 * a * _rescaled_outputs(st, linears if linears is not None else converted_linears(st, moe))
+        rescaled = linears if linears is not None else converted_linears(st, moe, recipe)
+        backward += 2 * a * _rescaled_outputs(st, rescaled)
     return forward, backward
 
 

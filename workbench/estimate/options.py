@@ -90,9 +90,32 @@ class Dtypes:
 
 
 
+CONVERTED_MULTIPLE = {"tensorwise": 16, "rowwise": 16, "mx": 32}
+"""The engine runs a linear in low precision only where both its dims, whole, are multiples of this
+(engine/parallel/float8.py, MULTIPLE and MX_MULTIPLE: what fp8 matmuls need, and MX's blocks of 32 along the
+reduction dim); a linear that is not stays in bf16. NVFP4, an estimator option the engine does not run, converts
+every one."""
+
+
+def converts(fan_in: int, fan_out: int, recipe: str) -> bool:
+    """Whether a linear of these whole dims runs in `recipe`'s low precision."""
+    multiple = CONVERTED_MULTIPLE.get(recipe, 1)
+    return fan_in % multiple == 0 and fan_out % multiple == 0
+
+
 def float8(cfg: Config) -> bool:
-    """Whether the blocks' linears run in 8 bits (an fp8 or MX precision)."""
-    return cfg.precision in FP8
+    """Whether the blocks' linears run in 8 bits: an fp8 or MX precision, on a model at least one of whose block
+    linears the engine converts (a built-in model whose every dim misses `CONVERTED_MULTIPLE` runs in bf16; a
+    traced model's linears are taken as converted)."""
+    if cfg.precision not in FP8:
+        return False
+    m = cfg.model
+    try:
+        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
+    except AttributeError:
+        return True
+    recipe = "mx" if cfg.precision in MX else cfg.precision.removeprefix("fp8_")
+    return any(converts(fan_in, fan_out, recipe) for fan_in, fan_out in ((d, q), (d, kv), (q, d), (d, f), (f, d)))
 
 
 def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:

@@ -126,10 +126,11 @@ class Stage:
         embedding output), else 4 (fp32, also under autocast: the embedding's output and the adds are fp32)."""
         return 2 if self.cfg.mixed_precision == "fsdp" else 4
 
-    def block_linears(self) -> list[tuple[int, int]]:
+    def block_linears(self, whole: bool = False) -> list[tuple[int, int]]:
         """(fan-in, fan-out) on this rank of the built-in block's seven linears, in the order they run: wq, wk, wv,
-        wo, w1, w3, w2 (the first four attention's, the last three its dense FFN's)."""
-        m, tp = self.shape, self.cfg.tp
+        wo, w1, w3, w2 (the first four attention's, the last three its dense FFN's); `whole`: as the model declares
+        them, before tensor parallel splits them."""
+        m, tp = self.shape, 1 if whole else self.cfg.tp
         d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
         return [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d), (d, f // tp), (d, f // tp), (f // tp, d)]
 

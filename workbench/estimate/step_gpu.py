@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from workbench.config import FP8
 from workbench.estimate.expert import assignments
 from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_parts, linear_time, memory_time
-from workbench.estimate.low_precision import cast_bytes
+from workbench.estimate.low_precision import block_converts, cast_bytes, shared_expert_converts
 from workbench.estimate.low_precision import gemm_precision as gemm_precision_of
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
@@ -111,7 +111,7 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
             fwd, bwd, gathered, scattered = _traced_gemms(st, block, how, hw, precision, elem, base, a, chunks)
             linears = [(g.count, *g.fans(tp)) for g in block.gemms]
         else:
-            fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks)
+            fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks, recipe)
             linears = None
         if recipe:
             c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears, moe=traced is None and kind)
@@ -160,17 +160,20 @@ def _split_windows(split: str | None, how: str, again: bool, one: float, dgrad: 
 
 
 def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, elem: float, base: str,
-                 a: float, chunks: int = 1) -> tuple[float, float, float, float]:
+                 a: float, chunks: int = 1, recipe: str = "") -> tuple[float, float, float, float]:
     """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
-    a mixture of experts, whose GEMMs follow), recomputed as `how` says; and of them, the matmuls beside tensor
-    parallel's gathers and reduce-scatters (`_split_windows`)."""
+    a mixture of experts, whose GEMMs follow), recomputed as `how` says, each at `precision` where `recipe`
+    converts it and in `base` where its dims keep it out (`low_precision.converts`); and of them, the matmuls
+    beside tensor parallel's gathers and reduce-scatters (`_split_windows`)."""
     t = st.tokens
     linears = st.block_linears()
+    low = block_converts(st, recipe)
     recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
     row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
     fwd = bwd = gathered = scattered = 0.0
     for i, (fan_in, fan_out) in enumerate(linears[:4] if moe else linears):
-        one, dgrad, wgrad = linear_parts(hw, precision, t, fan_in, fan_out, elem, chunks)
+        fmt, size = (precision, elem) if low[i] else (base, a)
+        one, dgrad, wgrad = linear_parts(hw, fmt, t, fan_in, fan_out, size, chunks)
         again = how == "block" or (how == "op" and i in recomputed_op)
         fwd += one
         bwd += dgrad + wgrad + (one if again else 0.0)
@@ -179,7 +182,8 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
     if moe:
         # Low precision converts neither the router nor the routed experts (engine/parallel/float8.py): their
         # GEMMs stay in bf16; the shared expert, an nn.Linear trio, runs as attention does.
-        moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block", precision, elem)
+        shared = (precision, elem) if shared_expert_converts(st, recipe) else (base, a)
+        moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block", *shared)
         fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
     return fwd, bwd, gathered, scattered
 
