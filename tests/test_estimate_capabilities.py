@@ -213,26 +213,3 @@ def test_a_model_whose_linears_the_engine_keeps_out_of_low_precision_is_priced_i
                  .stages[0].compute_split)
     assert converted["memory-bound"] > wider["memory-bound"]  # where it converts, its casts are priced
 
-
-def test_under_float8_a_mixture_of_experts_saves_its_routed_experts_in_bf16_and_its_shared_expert_as_the_dense_ffn():
-    # engine/parallel/float8.py converts attention's linears and a shared expert, never the routed experts: an MoE
-    # block's saved bytes change under Float8 by its attention's difference only (the dense block's, less its FFN's),
-    # and a shared expert adds the Float8 FFN's bytes (w2's fp8 input in place of the bf16 product).
-    from workbench.estimate.saved_gpu import layer_saved, swiglu_bytes
-
-    def saved(model, precision):
-        cfg = wb.Config(model=model, dp=2, zero=3, precision=precision, mixed_precision="fsdp", seq_len=256,
-                        batch_size=4, compile=True)
-        st = stage_shapes(cfg)[0]
-        return layer_saved(st, dtypes(cfg), Features(), 0), st, dtypes(cfg)
-
-    moe = wb.ModelConfig.preset("tiny-moe")
-    dense = dataclasses.replace(moe, n_experts=0)
-    (dense_bf16, st, bf16), (dense_fp8, _, fp8) = saved(dense, "bf16"), saved(dense, "fp8_tensorwise")
-    ffn_change = st.tokens * moe.hidden_dim * (swiglu_bytes(fp8) - swiglu_bytes(bf16))  # tp 1
-    assert ffn_change < 0  # one fp8 copy in place of a 2-byte product
-    (moe_bf16, _, _), (moe_fp8, _, _) = saved(moe, "bf16"), saved(moe, "fp8_tensorwise")
-    assert moe_fp8 - moe_bf16 == dense_fp8 - dense_bf16 - ffn_change
-    shared = dataclasses.replace(moe, shared_expert=True)
-    (shared_bf16, _, _), (shared_fp8, _, _) = saved(shared, "bf16"), saved(shared, "fp8_tensorwise")
-    assert (shared_fp8 - shared_bf16) - (moe_fp8 - moe_bf16) == ffn_change

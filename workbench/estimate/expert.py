@@ -18,12 +18,9 @@ def assignments(st: Stage) -> int:
     return min(st.tokens * m.top_k, cfg.micro_batch_size * m.n_experts * m.expert_capacity(cfg.seq_len))
 
 
-def moe_activations(st: Stage, swiglu: float | None = None) -> int:
+def moe_activations(st: Stage) -> int:
     """Bytes a MoE FFN saves for one micro-batch beyond the SwiGLU it replaces (its input is counted as the
-    block's), term by term as measured, with A kept assignments, R of them arriving here (R = A, balanced).
-    `swiglu`: bytes per token and hidden unit the dense block's SwiGLU saves, which the shared expert (an nn.Linear
-    trio, as the dense FFN) saves too: 4·a (the default), or under Float8 what `saved_gpu.whole_block` counts; the
-    routed experts, never converted, save in bf16:
+    block's), term by term as measured, with A kept assignments, R of them arriving here (R = A, balanced):
       routed tokens (fp32 input) R·D·4; their outputs and weighted outputs 2·A·D·a; SwiGLU per assignment
       4·A·H·a; router: fp32 probabilities T·E·4, top-k indices T·k·8, top-k weights and their sum T·(4k+4),
       the keep mask T·k bytes, per-sequence shares B·E·4; kept weights, token ids and sort order A·(4+8+8);
@@ -34,12 +31,11 @@ def moe_activations(st: Stage, swiglu: float | None = None) -> int:
     kept = arrived = assignments(st)
     saved = (4 * arrived * d + 2 * a * kept * d + 4 * a * kept * h + t * (4 * n_e + 12 * k + 4 + k)
              + cfg.micro_batch_size * n_e * 4 + 20 * kept + (16 * arrived if cfg.ep > 1 else 0))
-    swiglu = 4 * a if swiglu is None else swiglu
     if m.shared_expert:
-        saved += round(swiglu * t * h)
+        saved += 4 * a * t * h
     if st.autocast:
         saved += 2 * 2 * arrived * d + 2 * 3 * d * h * n_e // cfg.ep
-    return saved - round(swiglu * t * h / cfg.tp)  # the dense SwiGLU term, already in the block's
+    return saved - round(4 * a * t * h / cfg.tp)  # the dense SwiGLU term, already in the block's
 
 
 def ep_comm(st: Stage, net: Network) -> list[Collective]:

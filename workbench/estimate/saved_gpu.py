@@ -32,17 +32,11 @@ from workbench.estimate.recompute import input_only, op_block, policy
 from workbench.estimate.stage import Stage
 
 
-def swiglu_bytes(dt: Dtypes) -> int:
-    """Bytes per token and hidden unit a SwiGLU FFN saves without recomputation: w1's and w3's outputs, the
-    activation and the product (4·a); under Float8 the product as w2's fp8 input instead (3·a + 1)."""
-    return 3 * dt.compute + 1 if dt.float8 else 4 * dt.compute
-
-
 def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
     """Bytes a dense block saves for one micro-batch without recomputation."""
     m, tp, a, r, c = st.shape, st.cfg.tp, dt.compute, dt.residual, dt.linear_input
     kv = m.kv_heads * m.head_dim
-    mlp = swiglu_bytes(dt) * m.hidden_dim
+    mlp = 4 * a * m.hidden_dim if not dt.float8 else (3 * a + 1) * m.hidden_dim  # fp8 copy of w2's input
     sharded = 2 * (r * m.dim + 4) + a * (2 * m.dim + 2 * kv) + 4 * m.n_heads + mlp \
         + (m.dim if dt.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
     copies = 2 * st.block_matmul if dt.weight_copies else 0
@@ -62,12 +56,13 @@ def largest_rebuilt(st: Stage, dt: Dtypes, features: Features) -> int:
 
 def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
     """Bytes block `layer` keeps from its forward to its backward, for one micro-batch."""
-    how, moe = policy(st, layer), st.shape.is_moe_layer(layer)
+    how = policy(st, layer)
+    moe = moe_activations(st) if st.shape.is_moe_layer(layer) else 0
     if how == "block":
         return input_only(st, dt)
     if how == "op":
-        return op_block(st, dt, keeps_attention=features.op_keeps_attention) + (moe_activations(st) if moe else 0)
-    return whole_block(st, dt, features) + (moe_activations(st, swiglu_bytes(dt)) if moe else 0)
+        return op_block(st, dt, keeps_attention=features.op_keeps_attention) + moe
+    return whole_block(st, dt, features) + moe
 
 
 def rebuilt(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
@@ -78,7 +73,7 @@ def rebuilt(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
     D-wide ones and the residual's, a stated approximation of autograd's buffers."""
     m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     grads = round(st.tokens * (3 * a * m.hidden_dim / tp + 2 * a * m.dim + 2 * r * m.dim / tp))
-    whole = whole_block(st, dt, features) + (moe_activations(st, swiglu_bytes(dt)) if m.is_moe_layer(layer) else 0)
+    whole = whole_block(st, dt, features) + (moe_activations(st) if m.is_moe_layer(layer) else 0)
     return max(0, whole - layer_saved(st, dt, features, layer)) + grads
 
 
