@@ -12,7 +12,8 @@ Sources (each row names its table):
   seq_len 8192; "Memory" is torch's max reserved memory; FSDP2 mixed precision (bf16 parameters, fp32 reduce);
   selective AC is the per-op policy ("op"); loss parallel with TP (torchtitan's default); torch.compile per block,
   the loss not compiled ("compiling loss function causes CUDA errors, turning off for now"); Float8 is torchao's
-  tensorwise recipe with the float8 FSDP all-gather and precomputed scales (the 405B job file's [float8]); with a
+  tensorwise recipe with the float8 FSDP all-gather and precomputed scales (the 405B job file's [float8]), whose
+  linears then saved fp8 copies of their inputs (`Features.float8_saves_fp8_inputs`); with a
   pipeline, FSDP keeps the gathered weights from forward to backward (parallelize_llama.py:
   `reshard_after_forward = not pp_enabled`: zero 2), 126 layers split by `generate_split_points` (the first and last
   stages one block lighter), pp micro-batches (`pipeline_parallel_microbatches` unset).
@@ -45,7 +46,9 @@ import workbench as wb
 from workbench.estimate import Features
 
 GiB = 2**30
-TP_LOSS = Features(loss_parallel=True)  # torchtitan's default with tensor parallel
+# titan-2412's torchao (December 2024): the tensorwise Float8 linear saved fp8 copies of its inputs.
+DEC_2024 = Features(float8_saves_fp8_inputs=True)
+DEC_2024_TP = Features(loss_parallel=True, float8_saves_fp8_inputs=True)  # torchtitan's default with tp
 COMPILED_LOSS = Features(compile_loss=True)
 COMPILED_LOSS_TP = Features(compile_loss=True, loss_parallel=True)
 # torchtitan 6fc499f on Blackwell: SDPA's cuDNN kernel first, which its per-op save list does not name.
@@ -105,38 +108,39 @@ FP8, ROW, MX = "fp8_tensorwise", "fp8_rowwise", "mxfp8"
 
 TORCHTITAN = (
     # titan-2412 Table 1: 8B, 8 GPUs, FSDP 8, local batch 2, per-op SAC.
-    Run("8B FSDP 8", "titan-2412 T1", titan("8b", 8, 2, "op", compile=False), H100, 5762, 82.4),
-    Run("8B FSDP 8 + compile", "titan-2412 T1", titan("8b", 8, 2, "op"), H100, 6667, 77.0),
-    Run("8B FSDP 8 + compile + Float8", "titan-2412 T1", titan("8b", 8, 2, "op", precision=FP8), H100, 8532, 76.8),
+    Run("8B FSDP 8", "titan-2412 T1", titan("8b", 8, 2, "op", compile=False), H100, 5762, 82.4, DEC_2024),
+    Run("8B FSDP 8 + compile", "titan-2412 T1", titan("8b", 8, 2, "op"), H100, 6667, 77.0, DEC_2024),
+    Run("8B FSDP 8 + compile + Float8", "titan-2412 T1", titan("8b", 8, 2, "op", precision=FP8), H100, 8532,
+        76.8, DEC_2024),
     # Table 2: 8B, 8 GPUs, FSDP × CP, local batch 1, full AC, compile + Float8.
     Run("8B FSDP 8 CP 1, 32K", "titan-2412 T2", titan("8b", 8, 1, "full", seq_len=32768, precision=FP8), H100,
-        3890, 83.9),
+        3890, 83.9, DEC_2024),
     Run("8B FSDP 4 CP 2, 64K", "titan-2412 T2", titan("8b", 8, 1, "full", cp=2, seq_len=65536, precision=FP8), H100,
-        2540, 84.2),
+        2540, 84.2, DEC_2024),
     Run("8B FSDP 2 CP 4, 128K", "titan-2412 T2", titan("8b", 8, 1, "full", cp=4, seq_len=131072, precision=FP8),
-        H100, 1071, 84.0),
+        H100, 1071, 84.0, DEC_2024),
     Run("8B FSDP 1 CP 8, 256K", "titan-2412 T2", titan("8b", 8, 1, "full", cp=8, seq_len=262144, precision=FP8),
-        H100, 548, 84.5),
+        H100, 548, 84.5, DEC_2024),
     # Table 3: Table 1 on 128 GPUs.
-    Run("8B FSDP 128", "titan-2412 T3", titan("8b", 128, 2, "op", compile=False), H100, 5605, 67.0),
-    Run("8B FSDP 128 + compile", "titan-2412 T3", titan("8b", 128, 2, "op"), H100, 6514, 62.0),
+    Run("8B FSDP 128", "titan-2412 T3", titan("8b", 128, 2, "op", compile=False), H100, 5605, 67.0, DEC_2024),
+    Run("8B FSDP 128 + compile", "titan-2412 T3", titan("8b", 128, 2, "op"), H100, 6514, 62.0, DEC_2024),
     Run("8B FSDP 128 + compile + Float8", "titan-2412 T3", titan("8b", 128, 2, "op", precision=FP8), H100, 8380,
-        61.8),
+        61.8, DEC_2024),
     # Table 4: 70B, 256 GPUs, FSDP 32 × TP 8, local batch 16, full AC, compile + Float8.
     Run("70B FSDP 32 TP 8", "titan-2412 T4", titan("70b", 256, 16, "full", tp=8, precision=FP8), H100, 829, 71.9,
-        TP_LOSS),
+        DEC_2024_TP),
     Run("70B FSDP 32 TP 8 + async TP", "titan-2412 T4",
-        titan("70b", 256, 16, "full", tp=8, precision=FP8, async_tp=True), H100, 876, 67.6, TP_LOSS),
+        titan("70b", 256, 16, "full", tp=8, precision=FP8, async_tp=True), H100, 876, 67.6, DEC_2024_TP),
     # Table 5: 405B, 512 GPUs, FSDP 8 × TP 8 × PP 8, local batch 32, full AC, compile + Float8 + async TP.
     Run("405B PP 8 1F1B", "titan-2412 T5",
-        titan("405b", 512, 32, "full", tp=8, pp=8, precision=FP8, async_tp=True), H100, 100, 82.5, TP_LOSS),
+        titan("405b", 512, 32, "full", tp=8, pp=8, precision=FP8, async_tp=True), H100, 100, 82.5, DEC_2024_TP),
     Run("405B PP 8 interleaved 1F1B", "titan-2412 T5",
         titan("405b", 512, 32, "full", tp=8, pp=8, precision=FP8, async_tp=True, schedule="interleaved_1f1b"),
-        H100, 128, 72.7, TP_LOSS),
+        H100, 128, 72.7, DEC_2024_TP),
     # Table 6: 405B, 512 GPUs, TP 8 × PP 8 (1F1B) × FSDP × CP, local batch 8, full AC, compile + Float8 + async TP.
     *[Run(f"405B FSDP {8 // cp} CP {cp}, {seq // 1024}K", "titan-2412 T6",
           titan("405b", 512, 8, "full", tp=8, pp=8, cp=cp, seq_len=seq, precision=FP8, async_tp=True), H100, tps,
-          gib, TP_LOSS)
+          gib, DEC_2024_TP)
       for cp, seq, tps, gib in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9), (4, 131072, 31, 77.1),
                                 (8, 262144, 16, 84.9))],
     # titan-2506-asynctp: 70B on 256 GPUs (FSDP 32 × TP 8, full AC, local batch 16) and 8B on 64 GPUs (FSDP 8 ×

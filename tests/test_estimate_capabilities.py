@@ -213,3 +213,18 @@ def test_a_model_whose_linears_the_engine_keeps_out_of_low_precision_is_priced_i
                  .stages[0].compute_split)
     assert converted["memory-bound"] > wider["memory-bound"]  # where it converts, its casts are priced
 
+
+
+@pytest.mark.parametrize("precision", ["fp8_tensorwise", "fp8_rowwise", "mxfp8"])
+def test_a_block_of_8_bit_linears_saves_what_its_bf16_self_saves(precision):
+    # torchao's Float8 and MX linears save their bf16 input and weight and cast again in backward
+    # (`save_for_backward(input_hp, weight_hp...)` in torchao >= 0.13, which the engine installs): no fp8 copies.
+    from workbench.estimate.saved_gpu import layer_saved
+
+    moe = wb.ModelConfig.preset("tiny-moe")
+    for model in (dataclasses.replace(moe, n_experts=0), moe, dataclasses.replace(moe, shared_expert=True)):
+        cfg = wb.Config(model=model, dp=2, zero=3, precision="bf16", mixed_precision="fsdp", seq_len=256,
+                        batch_size=4, compile=True)
+        bf16, low = (layer_saved(stage_shapes(c)[0], dtypes(c), Features(), 0)
+                     for c in (cfg, cfg.replace(precision=precision)))
+        assert dtypes(cfg.replace(precision=precision)).float8 and low == bf16, model

@@ -40,11 +40,12 @@ def test_every_published_torchtitan_run_is_a_config_as_launched():
     assert len(TORCHTITAN) == 37 and len({r.name for r in TORCHTITAN}) == 37
     for run in TORCHTITAN:
         # No stand-ins: what the estimator models beyond the Config is torchtitan's own code, which this engine
-        # does not run: its loss (parallel under tp, compiled since 2025) and, on Blackwell, its per-op save list
-        # that does not name the cuDNN attention it calls there.
-        allowed = {"none", "loss_parallel", "compile_loss", "op_recomputes_attention"}
+        # does not run: its loss (parallel under tp, compiled since 2025), on Blackwell its per-op save list that
+        # does not name the cuDNN attention it calls there, and the December 2024 torchao's fp8 input copies.
+        allowed = {"none", "loss_parallel", "compile_loss", "op_recomputes_attention", "float8_saves_fp8_inputs"}
         assert set(run.features.describe().split("+")) <= allowed, run.name
         assert run.features.op_keeps_attention or run.hardware.startswith("b200"), run.name
+        assert run.features.float8_saves_fp8_inputs == (run.source.startswith("titan-2412")), run.name
         assert not run.features.loss_parallel or run.cfg.tp > 1
     by_name = {r.name: r.cfg for r in TORCHTITAN}
     # The 405B pipelines cut as torchtitan's generate_split_points cut them: the first and last stages lighter.
@@ -76,8 +77,8 @@ def test_torchtitan_throughput(run):
     assert math.isclose(predicted, run.tokens_per_s_per_gpu, rel_tol=TOLERANCE)
 
 
-REACHED = {"tput_mean": 0.211, "tput_worst": 1.15, "mem_mean": 0.079, "mem_worst": 0.171}
-"""What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 21.0%, 114.3%, 7.8%, 17.0%.
+REACHED = {"tput_mean": 0.211, "tput_worst": 1.15, "mem_mean": 0.080, "mem_worst": 0.171}
+"""What this model reaches over TORCHTITAN (mean and worst |error|), rounded up: 21.0%, 114.3%, 8.0%, 17.0%.
 Issue 34 asks 3% mean and 8% worst for both; the rows that miss most (the B200 runs, +55-114%; the Float8 rowwise
 runs under TP, a known torchao slowdown, +17-35%) are named in docs/estimator.md with what is known of why."""
 

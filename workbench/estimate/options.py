@@ -33,6 +33,13 @@ class Features:
     nothing of it: torchtitan from 6fc499f (August 2025) calls SDPA's cuDNN kernel first on Blackwell (compute
     capability 10.0; `models/attention.py`), which its save list (`models/llama3/infra/parallelize.py`) does not
     name. The built-in blocks' kept bytes drop by it; a traced model's are what its trace saw."""
+    float8_saves_fp8_inputs: bool = False
+    """torchao before January 2025 (pytorch/ao PR 1461): its tensorwise Float8 linear saved fp8 copies of its inputs
+    for backward (`manual_float8_matmul_with_args_in_float8`: `save_for_backward(input_fp8, weight_fp8_t)`), so a
+    block kept 1-byte linear inputs, w2's input as an fp8 copy beside SwiGLU's bf16 outputs, and wo's. From then on
+    (torchao 0.13+, which this engine runs) every recipe saves the bf16 input and casts again in backward: a
+    block of 8-bit linears saves what its bf16 self does. True for runs of the older stack (torchtitan's December
+    2024 tables)."""
     nvfp4: float = 0.0
     """Share of the blocks, the first ones, whose linears run NVFP4 (torchao's NVFP4 training prototype on
     Blackwell: e2m1 elements with an fp8 scale per 16 and one fp32 scale per tensor; torchtitan's recipe
@@ -45,7 +52,7 @@ class Features:
             raise ValueError(f"Features.nvfp4 is a share of the blocks in [0, 1], got {self.nvfp4}")
 
     def describe(self) -> str:
-        on = [name for name in ("compile_loss", "loss_parallel") if getattr(self, name)]
+        on = [name for name in ("compile_loss", "loss_parallel", "float8_saves_fp8_inputs") if getattr(self, name)]
         if not self.op_keeps_attention:
             on.append("op_recomputes_attention")
         if self.nvfp4:
@@ -71,8 +78,6 @@ class Dtypes:
     residual: int
     """The residual stream between blocks (and what norms save of it): fp32 under autocast, whose embedding
     output is fp32 and whose residual adds promote; the parameters' dtype under FSDP mixed precision."""
-    linear_input: int
-    """What a linear layer saves of its input: the compute dtype; 1 byte with Float8 linears (their fp8 cast)."""
     gathered: int
     """Bytes per parameter FSDP2 all-gathers and holds unsharded: fp32 under autocast, the compute dtype under
     mixed precision, 1 with the float8 all-gather (tensorwise scaling, Config.fp8_all_gather)."""
@@ -126,7 +131,7 @@ def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:
     recipe = ("mx" if cfg.precision in MX else cfg.precision.removeprefix("fp8_")) if f8 else ""
     # torchao's float8 FSDP all-gather is the tensorwise recipe's, when asked for (engine/parallel/float8.py).
     f8_gather = recipe == "tensorwise" and cfg.zero >= 2 and cfg.fp8_all_gather
-    return Dtypes(compute=a, residual=a if mp else 4, linear_input=1 if f8 else a,
+    return Dtypes(compute=a, residual=a if mp else 4,
                   gathered=1 if f8_gather else a if mp else 4,
                   weight_copies=low and not mp and not f8, mixed_precision=mp, float8=f8,
                   fused=cfg.compile and cfg.compile_backend == "inductor", recipe=recipe)

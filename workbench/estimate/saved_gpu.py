@@ -33,12 +33,18 @@ from workbench.estimate.stage import Stage
 
 
 def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
-    """Bytes a dense block saves for one micro-batch without recomputation."""
-    m, tp, a, r, c = st.shape, st.cfg.tp, dt.compute, dt.residual, dt.linear_input
+    """Bytes a dense block saves for one micro-batch without recomputation. A block of 8-bit linears saves the
+    same (torchao's Float8 and MX linears keep their high-precision input and weight for backward and cast them
+    again there: `save_for_backward(input_hp, weight_hp...)` in torchao/float8/float8_linear.py and
+    prototype/mx_formats/mx_linear.py), except on torchao's tensorwise path of 2024
+    (`Features.float8_saves_fp8_inputs`), which kept fp8 copies of its inputs."""
+    m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     kv = m.kv_heads * m.head_dim
-    mlp = 4 * a * m.hidden_dim if not dt.float8 else (3 * a + 1) * m.hidden_dim  # fp8 copy of w2's input
-    sharded = 2 * (r * m.dim + 4) + a * (2 * m.dim + 2 * kv) + 4 * m.n_heads + mlp \
-        + (m.dim if dt.float8 else 0)  # Float8 wo keeps an fp8 copy of the attention output
+    copies_fp8 = features.float8_saves_fp8_inputs and dt.recipe == "tensorwise"
+    c = 1 if copies_fp8 else a  # what a linear keeps of its input (attention's and the FFN's, gathered under tp)
+    mlp = (3 * a + 1 if copies_fp8 else 4 * a) * m.hidden_dim  # w2's input an fp8 copy on the 2024 path
+    wo = m.dim if copies_fp8 else 0  # and wo's, beside the attention output attention keeps
+    sharded = 2 * (r * m.dim + 4) + a * (2 * m.dim + 2 * kv) + 4 * m.n_heads + mlp + wo
     copies = 2 * st.block_matmul if dt.weight_copies else 0
     return round(st.tokens * (sharded / tp + 2 * c * m.dim)) + copies
 
