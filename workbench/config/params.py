@@ -54,6 +54,13 @@ def mlp_params(m: Shape) -> int:
     return 3 * m.dim * m.hidden_dim
 
 
+def block_linears(m: Shape, tp: int = 1) -> list[tuple[int, int]]:
+    """(fan-in, fan-out) of a dense block's seven linears in the order they run, wq, wk, wv, wo, w1, w3, w2, on one
+    of `tp` tensor-parallel ranks (the first three and w1, w3 split by output, wo and w2 by input)."""
+    d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
+    return [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d), (d, f // tp), (d, f // tp), (f // tp, d)]
+
+
 def block_matmul_params(m: Shape) -> int:
     """Weight-matrix elements of one dense block (attention and SwiGLU; no norms): what tensor parallel splits."""
     return attention_params(m) + mlp_params(m)

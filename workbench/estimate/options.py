@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config import FP8, MX, Config
+from workbench.config.params import block_linears
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,12 @@ def float8(cfg: Config) -> bool:
     traced model's linears are taken as converted)."""
     if cfg.precision not in FP8:
         return False
-    m = cfg.model
     try:
-        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
+        linears = block_linears(cfg.model)
     except AttributeError:
         return True
     recipe = "mx" if cfg.precision in MX else cfg.precision.removeprefix("fp8_")
-    return any(converts(fan_in, fan_out, recipe) for fan_in, fan_out in ((d, q), (d, kv), (q, d), (d, f), (f, d)))
+    return any(converts(fan_in, fan_out, recipe) for fan_in, fan_out in linears)
 
 
 def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from workbench.config import FP8, Config, checkpointed_blocks
 from workbench.schedules import config_rank_stages, config_stages, rank_stage_layers
-from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_ffn_params
+from workbench.config.params import block_linears, block_matmul_params, head_params, mlp_params, moe_ffn_params
 from workbench.model_profile import ModelProfile
 
 
@@ -130,9 +130,7 @@ class Stage:
         """(fan-in, fan-out) on this rank of the built-in block's seven linears, in the order they run: wq, wk, wv,
         wo, w1, w3, w2 (the first four attention's, the last three its dense FFN's); `whole`: as the model declares
         them, before tensor parallel splits them."""
-        m, tp = self.shape, 1 if whole else self.cfg.tp
-        d, q, kv, f = m.dim, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.hidden_dim
-        return [(d, q // tp), (d, kv // tp), (d, kv // tp), (q // tp, d), (d, f // tp), (d, f // tp), (f // tp, d)]
+        return block_linears(self.shape, 1 if whole else self.cfg.tp)
 
     def is_checkpointed(self, layer: int) -> bool:
         return layer in self.checkpointed_layers
