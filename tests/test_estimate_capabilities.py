@@ -173,7 +173,7 @@ def test_the_linears_the_estimator_runs_in_low_precision_are_those_the_engine_co
     # follow the same list, block by block.
     import torch
 
-    from workbench.engine.parallel.float8 import MULTIPLE, MX_MULTIPLE, converts
+    from workbench.engine.parallel.float8 import converts
     from workbench.estimate.low_precision import cast_bytes, converted_linears
     from workbench.models.transformer import Transformer
 
@@ -184,10 +184,10 @@ def test_the_linears_the_estimator_runs_in_low_precision_are_those_the_engine_co
     experts = built.routed_experts()
     cfg = wb.Config(model=model, precision=precision, seq_len=64, batch_size=2)
     st = stage_shapes(cfg)[0]
-    recipe, multiple = dtypes(cfg).recipe, MX_MULTIPLE if precision == "mxfp8" else MULTIPLE
+    recipe = dtypes(cfg).recipe
     for layer in range(model.n_layers):
         engine = sorted((mod.in_features, mod.out_features) for fqn, mod in built.named_modules()
-                        if fqn.startswith(f"layers.{layer}.") and converts(mod, fqn, "output", experts, multiple))
+                        if fqn.startswith(f"layers.{layer}.") and converts(mod, fqn, "output", experts, recipe))
         estimated = sorted((fan_in, fan_out) for n, fan_in, fan_out
                            in converted_linears(st, model.is_moe_layer(layer), recipe) for _ in range(n))
         assert estimated == engine, f"block {layer}"

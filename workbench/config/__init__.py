@@ -30,6 +30,8 @@ from workbench.config.choices import (
     Recompute,
     Schedule,
     checkpointed_blocks,
+    converts,
+    low_precision_recipe,
 )
 from workbench.config.degrees import Degrees, MeshLayout, divisors
 from workbench.config.help_text import (

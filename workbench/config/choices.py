@@ -14,6 +14,23 @@ FP8 = ("fp8_tensorwise", "fp8_rowwise", "mxfp8")
 scale per 32 elements; Blackwell, sm_100 and newer): the linear layers' matmuls in fp8, everything else in bf16."""
 MX = ("mxfp8",)
 """The 8-bit recipes whose scales are per block of 32 (torchao's MX formats), which only Blackwell multiplies."""
+CONVERTED_MULTIPLE = {"tensorwise": 16, "rowwise": 16, "mx": 32}
+"""torchao's 8-bit linears need both dims of a weight to be multiples of this: 16 for fp8 matmuls, 32 for MX's
+scale blocks along the reduction dim. The engine converts only such linears and leaves the others in bf16; the
+estimator prices them so. NVFP4, an estimator option the engine does not run, converts every one."""
+
+
+def low_precision_recipe(precision: str) -> str:
+    """torchao's recipe of an 8-bit `precision`: "tensorwise", "rowwise" or "mx"; "" for any other."""
+    if precision not in FP8:
+        return ""
+    return "mx" if precision in MX else precision.removeprefix("fp8_")
+
+
+def converts(fan_in: int, fan_out: int, recipe: str) -> bool:
+    """Whether a linear of these whole dims runs in `recipe`'s low precision (the engine's filter)."""
+    multiple = CONVERTED_MULTIPLE.get(recipe, 1)
+    return fan_in % multiple == 0 and fan_out % multiple == 0
 Compression = Literal["none", "fp16", "bf16", "powersgd", "int8", "1bit"]
 Optimizer = Literal["adamw", "lion", "sgd"]
 CompileBackend = Literal["inductor", "aot_eager"]

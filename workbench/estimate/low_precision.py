@@ -31,7 +31,8 @@ inputs again: the casts are not in the per-op policy's save list, so backward re
 
 from __future__ import annotations
 
-from workbench.estimate.options import Dtypes, converts
+from workbench.config import converts
+from workbench.estimate.options import Dtypes
 from workbench.estimate.stage import Stage
 
 SCALE_BLOCK = {"mx": 32, "nvfp4": 16}
@@ -62,29 +63,21 @@ def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
 
 
 def block_converts(st: Stage, recipe: str) -> list[bool]:
-    """Of the built-in block's seven linears (`Stage.block_linears`' order), which run in low precision."""
+    """Of the built-in block's seven linears (`Stage.block_linears`' order), which run in low precision. A mixture
+    of experts' shared expert has the dense FFN's shapes, so w1's entry (index 4) answers for it."""
     return [converts(fan_in, fan_out, recipe) for fan_in, fan_out in st.block_linears(whole=True)]
-
-
-def shared_expert_converts(st: Stage, recipe: str) -> bool:
-    """Whether a mixture of experts' shared expert (w1, w3: dim → hidden; w2 back) runs in low precision."""
-    return converts(st.shape.dim, st.shape.hidden_dim, recipe)
 
 
 def converted_linears(st: Stage, moe: bool = False, recipe: str = "") -> list[tuple[int, int, int]]:
     """(count, fan-in, fan-out) on this rank of the built-in block's linears that run in low precision
     (engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and experts,
-    whose dims are multiples of `CONVERTED_MULTIPLE[recipe]`): all seven of a dense block; attention's four and the
+    whose dims are multiples of config's `CONVERTED_MULTIPLE[recipe]`): all seven of a dense block; attention's four and the
     shared expert's three of a mixture of experts, whose FFN runs whole on every tp rank."""
-    kept = block_converts(st, recipe)
-    linears = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(st.block_linears(), kept) if k]
-    if not moe:
-        return linears
-    m = st.shape
-    attention = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(st.block_linears()[:4], kept[:4]) if k]
-    shared = ([(2, m.dim, m.hidden_dim), (1, m.hidden_dim, m.dim)]
-              if m.shared_expert and shared_expert_converts(st, recipe) else [])
-    return attention + shared
+    kept, linears, m = block_converts(st, recipe), st.block_linears(), st.shape
+    converted = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(linears[:4] if moe else linears, kept) if k]
+    if moe and m.shared_expert and kept[4]:
+        converted += [(2, m.dim, m.hidden_dim), (1, m.hidden_dim, m.dim)]
+    return converted
 
 
 def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int, int]] | None = None,

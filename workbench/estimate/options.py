@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.config import FP8, MX, Config
+from workbench.config import FP8, Config, converts, low_precision_recipe
 from workbench.config.params import block_linears
 
 
@@ -96,22 +96,9 @@ class Dtypes:
 
 
 
-CONVERTED_MULTIPLE = {"tensorwise": 16, "rowwise": 16, "mx": 32}
-"""The engine runs a linear in low precision only where both its dims, whole, are multiples of this
-(engine/parallel/float8.py, MULTIPLE and MX_MULTIPLE: what fp8 matmuls need, and MX's blocks of 32 along the
-reduction dim); a linear that is not stays in bf16. NVFP4, an estimator option the engine does not run, converts
-every one."""
-
-
-def converts(fan_in: int, fan_out: int, recipe: str) -> bool:
-    """Whether a linear of these whole dims runs in `recipe`'s low precision."""
-    multiple = CONVERTED_MULTIPLE.get(recipe, 1)
-    return fan_in % multiple == 0 and fan_out % multiple == 0
-
-
 def float8(cfg: Config) -> bool:
     """Whether the blocks' linears run in 8 bits: an fp8 or MX precision, on a model at least one of whose block
-    linears the engine converts (a built-in model whose every dim misses `CONVERTED_MULTIPLE` runs in bf16; a
+    linears the engine converts (a built-in model whose every dim misses config's `CONVERTED_MULTIPLE` runs in bf16; a
     traced model's linears are taken as converted)."""
     if cfg.precision not in FP8:
         return False
@@ -119,8 +106,7 @@ def float8(cfg: Config) -> bool:
         linears = block_linears(cfg.model)
     except AttributeError:
         return True
-    recipe = "mx" if cfg.precision in MX else cfg.precision.removeprefix("fp8_")
-    return any(converts(fan_in, fan_out, recipe) for fan_in, fan_out in linears)
+    return any(converts(fan_in, fan_out, low_precision_recipe(cfg.precision)) for fan_in, fan_out in linears)
 
 
 def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:
@@ -128,7 +114,7 @@ def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:
     mp = fsdp_mixed_precision(cfg)
     a = 2 if low else 4
     f8 = float8(cfg)
-    recipe = ("mx" if cfg.precision in MX else cfg.precision.removeprefix("fp8_")) if f8 else ""
+    recipe = low_precision_recipe(cfg.precision) if f8 else ""
     # torchao's float8 FSDP all-gather is the tensorwise recipe's, when asked for (engine/parallel/float8.py).
     f8_gather = recipe == "tensorwise" and cfg.zero >= 2 and cfg.fp8_all_gather
     return Dtypes(compute=a, residual=a if mp else 4,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from workbench.config import FP8
 from workbench.estimate.expert import assignments
 from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_parts, linear_time, memory_time
-from workbench.estimate.low_precision import block_converts, cast_bytes, shared_expert_converts
+from workbench.estimate.low_precision import block_converts, cast_bytes
 from workbench.estimate.low_precision import gemm_precision as gemm_precision_of
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
@@ -182,7 +182,7 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
     if moe:
         # Low precision converts neither the router nor the routed experts (engine/parallel/float8.py): their
         # GEMMs stay in bf16; the shared expert, an nn.Linear trio, runs as attention does.
-        shared = (precision, elem) if shared_expert_converts(st, recipe) else (base, a)
+        shared = (precision, elem) if low[4] else (base, a)  # the dense FFN's shapes: w1's answer
         moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block", *shared)
         fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
     return fwd, bwd, gathered, scattered

@@ -36,13 +36,10 @@ from collections.abc import Callable
 
 from torch import nn
 
-from workbench.config import FP8, MX, Config
+from workbench.config import FP8, MX, Config, low_precision_recipe
+from workbench.config import converts as converts_dims
 from workbench.models.protocol import CausalLM, Experts, Unsupported
 
-MULTIPLE = 16
-"""fp8 matmuls need both dimensions of a weight to be multiples of this."""
-MX_MULTIPLE = 32
-"""MX formats scale blocks of 32 elements along a matmul's reduction dim: both dimensions must be multiples."""
 MX_RECIPE = "mxfp8_cublas"
 """torchao's MX recipe for precision "mxfp8": e4m3 elements, e8m0 scales per 32, cuBLAS's kernels (torchtitan's
 "mxfp8")."""
@@ -57,22 +54,21 @@ def apply_float8(model: CausalLM, cfg: Config) -> CausalLM:
         experts = model.routed_experts()
     except Unsupported:  # experts expert parallel cannot split: their whole blocks stay out of fp8
         experts = [Experts(path, int(path.rpartition(".")[2]), 0, "routed") for path, _ in model.block_paths()]
-    head = model.lm_parts.head
+    head, recipe = model.lm_parts.head, low_precision_recipe(cfg.precision)
     if cfg.precision in MX:
         from torchao.prototype.mx_formats.config import MXLinearConfig
         from torchao.quantization import quantize_
 
         quantize_(model, config=MXLinearConfig.from_recipe_name(MX_RECIPE),
-                  filter_fn=lambda module, fqn: converts(module, fqn, head, experts, MX_MULTIPLE))
+                  filter_fn=lambda module, fqn: converts(module, fqn, head, experts, recipe))
         return model
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    recipe = cfg.precision.removeprefix("fp8_")
     config = Float8LinearConfig.from_recipe_name(recipe)
     if fp8_all_gather(cfg):
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
     convert_to_float8_training(model, config=config,
-                               module_filter_fn=lambda module, fqn: converts(module, fqn, head, experts))
+                               module_filter_fn=lambda module, fqn: converts(module, fqn, head, experts, recipe))
     return model
 
 
@@ -81,16 +77,17 @@ def fp8_all_gather(cfg: Config) -> bool:
     return cfg.precision == "fp8_tensorwise" and cfg.zero >= 2 and cfg.fp8_all_gather
 
 
-def converts(module: nn.Module, fqn: str, head: str, experts: list[Experts], multiple: int = MULTIPLE) -> bool:
+def converts(module: nn.Module, fqn: str, head: str, experts: list[Experts], recipe: str) -> bool:
     """Which linear layers run in 8 bits: not the output head, not a mixture of experts' experts nor its router (a
-    linear layer beside them onto the experts), dims multiples of `multiple` (16 for Float8, MX_MULTIPLE for MX)."""
+    linear layer beside them onto the experts), dims the recipe's multiples (config's `CONVERTED_MULTIPLE`: 16 for
+    Float8, 32 for MX)."""
     if not isinstance(module, nn.Linear) or fqn == head:
         return False
     for e in experts:
         beside = fqn.rpartition(".")[0] == e.path.rpartition(".")[0]
         if fqn.startswith(e.path + ".") or fqn == e.path or (beside and module.out_features == e.n_experts):
             return False
-    return module.in_features % multiple == 0 and module.out_features % multiple == 0
+    return converts_dims(module.in_features, module.out_features, recipe)
 
 
 def after_optimizer_step(cfg: Config) -> Callable[[list[nn.Module]], None]:
