@@ -29,6 +29,14 @@ Sources (each row names its table):
   pytorch/ao PR 3566). "Peak Memory (GB)" is torchtitan's max reserved, which it logs in GiB. That commit calls
   SDPA's cuDNN kernel first on compute capability 10.0 (models/attention.py), and its per-op `_save_list`
   (models/llama3/infra/parallelize.py) names the flash and efficient kernels only: attention recomputed.
+- ao-f8-h100 (held out): torchao docs/source/workflows/training.md, "NVIDIA H100" (first published in
+  torchao/float8/README.md by pytorch/ao PR 1793, March 2025; torch 2.7.0a0+gitb98af95, torchao 0.10.0+git890e0ac8
+  of 2025-02-28, torchtitan 0.0.2): 8 H100s, Llama3-8B, batch 1, seq 8192, compile, FSDP2, per-op SAC; bf16,
+  tensorwise with the float8 all-gather, rowwise with the bf16 all-gather. The hosts are torchtitan's 96 GB H100s
+  (`h100-96gb`): the same team's run of that benchmark script logs "memory: 47.79GiB(50.30%)" (pytorch/ao PR 1802),
+  a 95 GiB device. torchtitan compiled no loss then (components/loss.py from 3aff9bd9e, Feb 2025: "compiling loss
+  function causes CUDA errors, turning off for now"; compiled again from bbb1b616e, 2 April 2025), and torchao's
+  linears saved bf16 inputs (PR 1461, January 2025): the default Features.
 - bridge-2511: Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo Container", pre-training (DGX-H100,
   DGX-B200, DGX-GB200, DGX-GB300): Megatron-Core with Transformer Engine, FP8 current scaling (per tensor, as
   torchao's tensorwise) or MXFP8, seq 8192, TP with sequence parallel; no recomputation; Megatron's distributed
@@ -172,6 +180,12 @@ TORCHTITAN = (
 HELD_OUT = (
     # torchtitan docs/performance.md before Dec 2024 (commit d4c86e3): 64 A100 80 GB, 8B, local batch 1, per-op SAC.
     Run("torchtitan 8B FSDP 64 on A100", "titan-2408", titan("8b", 64, 1, "op", compile=False), "a100", 2973),
+    # ao-f8-h100: 8B, FSDP 8 on torchtitan's 96 GB H100s, batch 1, per-op SAC, compile (not the loss).
+    *[Run(f"torchao 8B FSDP 8 (H100) {label}", "ao-f8-h100",
+          titan("8b", 8, 1, "op", precision=precision, fp8_all_gather=gather), H100, tps, gib)
+      for label, precision, gather, tps, gib in (
+          ("bf16", "bf16", False, 6150, 47.65), ("Float8 (fp8 all-gather)", FP8, True, 7689.5, 47.77),
+          ("Float8 rowwise", ROW, False, 6768, 47.79))],
     # bridge-2511, DGX-H100 (700 W).
     Run("Bridge 8B FP8 FSDP 8 (H100)", "bridge-2511", bridge("8b", 8, FP8, 128, 1, fsdp=True), "h100", 14451),
     Run("Bridge 70B FP8 TP4 PP8 VP5 (H100)", "bridge-2511", bridge("70b", 64, FP8, 128, 1, tp=4, pp=8, vp=5),
