@@ -76,6 +76,22 @@ def crash_in_native_code_on_rank_1():
     dist.all_reduce(torch.ones(1))
 
 
+def crash_in_a_native_thread_on_rank_1():
+    """Rank 1 starts a thread that runs no Python and reads address 0 (strlen(NULL) as its start routine), as a
+    bug in gloo's worker or a completion callback would crash; both ranks' main threads wait in a collective."""
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        libc = ctypes.CDLL(None)
+        thread = ctypes.c_ulong()
+        libc.pthread_create(ctypes.byref(thread), None, ctypes.cast(libc.strlen, ctypes.c_void_p), None)
+        libc.pthread_join(thread, None)  # never returns: the thread takes the process with it
+    dist.all_reduce(torch.ones(1))
+
+
 def mismatched_shapes():
     import torch
     import torch.distributed as dist

@@ -84,6 +84,22 @@ def test_a_rank_that_crashes_in_native_code_is_reported_with_the_python_stack_it
     assert pool.run(rank_fns.all_reduce_sum, 2) == [4.0, 4.0]
 
 
+def test_a_rank_that_crashes_in_a_thread_that_runs_no_python_is_reported_with_that_threads_native_frames(pool):
+    # faulthandler's Python stacks only show the main thread waiting; torch's fatal-signal handler (world.prepare)
+    # prints every thread's native stack, and the report keeps the crashing thread's.
+    with pytest.raises(wb.WorkerDied) as info:
+        pool.run(rank_fns.crash_in_a_native_thread_on_rank_1)
+    print(info.value)
+    assert info.value.rank == 1 and info.value.signal == "SIGSEGV"
+    words = info.value.last_words
+    assert words[0].startswith("The native stack of the thread that crashed") and "runs no Python" in words[0]
+    assert words[1].startswith("frame #") and "libc.so" in words[1]  # strlen's frame, in the C library
+    assert not any("gsignal" in line for line in words[1:3])  # faulthandler's second raise is not the crash
+    assert "Fatal Python error: Segmentation fault" in words  # and the Python stacks after it
+    pool.restart()
+    assert pool.run(rank_fns.all_reduce_sum, 2) == [4.0, 4.0]
+
+
 def test_a_stopped_rank_is_reported_frozen_in_seconds_naming_it_and_what_everyone_was_doing(pool):
     # timeout_s stays 180 s: the freeze must be found by the heartbeats, not by the timeout.
     pool.run(rank_fns.add_fake_provider)

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench.pool import launch
+from workbench.pool import crash_report, launch
 from workbench.pool.health import ProcessSample
 from workbench.pool.zygote import ForkedRank, Zygote, ZygoteError
 
@@ -30,7 +30,11 @@ log = logging.getLogger("workbench.pool")
 
 Output = Callable[[int, str, str], None]
 LAST_WORDS = 40
-"""Lines of a rank's stderr kept for the report of its death (faulthandler's stacks of a few threads)."""
+"""Lines of a rank's stderr shown in the report of its death (faulthandler's stacks of a few threads), beside the
+crashing thread's native frames (crash_report)."""
+STDERR_KEPT = 2000
+"""Lines of a rank's stderr held for that report: torch's native stacks of every thread (~20 lines each) come
+before or after faulthandler's, and the crashing thread's may be among the first."""
 PREPARED = "\0workbench: prepared"
 """What a rank prints once prepared (worker.PREPARED; not imported: the notebook need not import the worker)."""
 
@@ -57,7 +61,7 @@ class LocalRanks:
         self.prepared: set[int] = set()
         # What each rank wrote last to its file descriptor 2: only native code and crashes write there (its
         # Python stderr goes to the notebook through the pool), so it says how a rank that died, died.
-        self._last_stderr = {r: deque(maxlen=LAST_WORDS) for r in range(world_size)}
+        self._last_stderr = {r: deque(maxlen=STDERR_KEPT) for r in range(world_size)}
         self._stderr_closed = {r: threading.Event() for r in range(world_size)}
         self.spawned_at = time.monotonic()
         self.activated_at: float | None = None
@@ -162,7 +166,7 @@ class LocalRanks:
         if rank not in self._last_stderr:
             return []
         self._stderr_closed[rank].wait(wait_s)
-        return list(self._last_stderr[rank])
+        return crash_report.condense(list(self._last_stderr[rank]), LAST_WORDS)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ def _prepare(settings: dict[str, Any], local_rank: int, local_world_size: int) -
     import torch
 
     marks = {"torch": time.monotonic()}
+    # On a fatal signal torch prints every thread's native stack (then faulthandler its Python ones): a crash in a
+    # thread that runs no Python, gloo's worker or a completion callback, is found only there (crash_report).
+    if hasattr(torch._C, "_set_print_stack_traces_on_fatal_signal"):
+        torch._C._set_print_stack_traces_on_fatal_signal(True)
 
     torch.set_num_threads(settings["threads"] or threads_per_rank(local_world_size))
     device = settings["device"]
