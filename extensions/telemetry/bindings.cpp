@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "completion.h"
+#include "crash_frames.h"
 #include "emulation.h"
 #include "emulation_model.h"
 #include "emulation_works.h"
@@ -133,6 +134,7 @@ void bind_emulation(py::module_& m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now_ns", &wbt::now_ns);
+  m.def("install_crash_frames", &wbt::install_crash_frames);
 
   py::class_<wbt::Recorder, std::shared_ptr<wbt::Recorder>>(m, "Recorder")
       .def(py::init<size_t>(), py::arg("capacity") = size_t{1} << 17)

@@ -49,6 +49,31 @@ def test_faulthandlers_raise_of_the_signal_again_is_not_taken_for_the_crash():
     assert report[1].startswith("frame #6: strlen")
 
 
+OWN = ["workbench: native frames of the crashing thread (thread 4044, signal 11):",
+       "/root/.cache/workbench/extensions/telemetry-acea/wb_telemetry_acea.so(+0x5aa44)[0x7efc5d8bba44]",
+       "/lib/x86_64-linux-gnu/libc.so.6(+0x3c050)[0x7efc77c5a050]",
+       "/lib/x86_64-linux-gnu/libc.so.6(+0x8aeec)[0x7efc77ca8eec]",
+       "/lib/x86_64-linux-gnu/libc.so.6(gsignal+0x12)[0x7efc77c59fb2]",
+       "/lib/x86_64-linux-gnu/libc.so.6(+0x3c050)[0x7efc77c5a050]",
+       "/work/.venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so(_ZN4gloo13AllgatherRing3runEv+0x1f)[0x7f1]",
+       "/lib/x86_64-linux-gnu/libc.so.6(+0x891f5)[0x7efc77ca71f5]", ""]
+
+
+def test_where_torchs_handler_died_before_the_crashing_thread_the_extensions_frames_tell():
+    # A corrupted heap: torch's handler printed the main thread's wait, then malloc aborted it.
+    waiting = _native(4019, ["pthread_cond_wait + 0x1e8"], crashed=False)
+    lines = _python(False) + OWN + waiting + ["malloc_consolidate(): unaligned fastbin chunk detected",
+                                              "Fatal Python error: Aborted"]
+    report = condense(lines, keep=40)
+    assert report[0].startswith("The native stack of the thread that crashed (thread 4044), a thread that runs no")
+    assert report[1].endswith("libtorch_cpu.so(_ZN4gloo13AllgatherRing3runEv+0x1f)[0x7f1]")  # handlers, raise gone
+    assert report[2].endswith("libc.so.6(+0x891f5)[0x7efc77ca71f5]") and report[3] == ""
+    assert report[-1] == "Fatal Python error: Aborted" and not any("wb_telemetry" in line for line in report)
+    # Where torch's handler did reach it, its demangled frames are taken instead.
+    crashed = _native(4044, ["gloo::AllgatherRing::run() + 0x1f"], crashed=True)
+    assert condense(_python(False) + OWN + crashed, keep=40)[1].startswith("frame #3: gloo::AllgatherRing::run()")
+
+
 def test_a_crash_in_a_python_thread_points_at_its_marked_python_stack():
     lines = _native(7, ["PyObject_Call + 0x10"], crashed=True) + _python(True)
     report = condense(lines, keep=40)

@@ -86,7 +86,8 @@ def test_a_rank_that_crashes_in_native_code_is_reported_with_the_python_stack_it
 
 def test_a_rank_that_crashes_in_a_thread_that_runs_no_python_is_reported_with_that_threads_native_frames(pool):
     # faulthandler's Python stacks only show the main thread waiting; torch's fatal-signal handler (world.prepare)
-    # prints every thread's native stack, and the report keeps the crashing thread's.
+    # prints every thread's native stack, the recording extension the crashing thread's without allocating, and
+    # the report keeps the crashing thread's.
     with pytest.raises(wb.WorkerDied) as info:
         pool.run(rank_fns.crash_in_a_native_thread_on_rank_1)
     print(info.value)
@@ -96,6 +97,7 @@ def test_a_rank_that_crashes_in_a_thread_that_runs_no_python_is_reported_with_th
     assert words[1].startswith("frame #") and "libc.so" in words[1]  # strlen's frame, in the C library
     assert not any("gsignal" in line for line in words[1:3])  # faulthandler's second raise is not the crash
     assert "Fatal Python error: Segmentation fault" in words  # and the Python stacks after it
+    assert not any("native frames of the crashing thread" in line for line in words)  # one copy of them
     pool.restart()
     assert pool.run(rank_fns.all_reduce_sum, 2) == [4.0, 4.0]
 

@@ -183,6 +183,32 @@ def test_command_line_build_is_a_no_op_when_cached(ext):
     assert "already built" in done.stdout
 
 
+CRASH_IN_A_NATIVE_THREAD = """
+import ctypes, time
+from workbench.telemetry import native
+native.load().install_crash_frames()
+libc = ctypes.CDLL(None)
+thread = ctypes.c_ulong()
+libc.pthread_create(ctypes.byref(thread), None, ctypes.cast(libc.strlen, ctypes.c_void_p), None)
+libc.pthread_join(thread, None)
+"""
+
+
+@pytest.mark.processes
+def test_a_fatal_signal_prints_the_crashing_threads_frames_then_kills_as_before(ext):
+    # No faulthandler, no torch handler: the extension's alone, as when a corrupted heap stops torch's early. It
+    # prints the crashing thread (strlen's frame, in the C library) and hands the signal on to the default action.
+    done = subprocess.run([sys.executable, "-c", CRASH_IN_A_NATIVE_THREAD], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -11, (done.returncode, done.stderr)
+    lines = done.stderr.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("workbench: native frames of the crashing"))
+    assert "signal 11" in lines[header]
+    frames = lines[header + 1:lines.index("", header)]
+    assert "wb_telemetry" in frames[0]  # the handler itself, then the trampoline, then the crash
+    assert any("libc.so" in f for f in frames[2:4]) and len(frames) >= 3
+
+
 def test_stale_cached_builds_are_pruned_by_last_use_and_kept_ones_survive(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     root = tmp_path / "extensions"

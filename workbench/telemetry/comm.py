@@ -48,7 +48,10 @@ def register() -> str:
     # One backend object serves both devices: ProcessGroup keys backends by
     # type, and two CUSTOM ones in one group would alias each other.
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
-    native.load()  # fail here, with the build error, rather than inside init_process_group
+    ext = native.load()  # fail here, with the build error, rather than inside init_process_group
+    # A crash in a collective can corrupt the heap, and torch's fatal-signal handler then dies in malloc before it
+    # prints the crashing thread: the extension prints that thread's frames first, allocating nothing.
+    ext.install_crash_frames()
     # Every operation through this backend lands in the rank's flight ring: a hang report shows where each rank is.
     from workbench.pool import rank as rank_api
     from workbench.telemetry import flight
