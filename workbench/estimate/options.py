@@ -106,7 +106,8 @@ def float8(cfg: Config) -> bool:
         linears = block_linears(cfg.model)
     except AttributeError:
         return True
-    return any(converts(fan_in, fan_out, low_precision_recipe(cfg.precision)) for fan_in, fan_out in linears)
+    recipe = low_precision_recipe(cfg.precision)
+    return any(converts(fan_in, fan_out, recipe) for fan_in, fan_out in linears)
 
 
 def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:
