@@ -109,6 +109,22 @@ def _families() -> dict:
 FAMILIES = ["llama", "mistral", "qwen3", "gemma", "gemma2", "phi3", "qwen3_moe", "mixtral"]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16_params"])
+def test_a_hugging_face_llama_keeps_what_the_built_in_llama_of_its_shape_keeps(precision):
+    # transformers builds in fp32 whatever the default dtype; under FSDP2's mixed precision its parameters are
+    # cast to bf16 for compute, so the trace casts them too: what the per-op policy keeps (matmul outputs,
+    # attention's output) is then the built-in model's, byte for byte, not twice it.
+    from transformers import LlamaConfig
+
+    m = wb.ModelConfig.preset("tiny")
+    config = LlamaConfig(hidden_size=m.dim, intermediate_size=m.hidden_dim, num_hidden_layers=m.n_layers,
+                         num_attention_heads=m.n_heads, num_key_value_heads=m.kv_heads, vocab_size=m.vocab_size,
+                         tie_word_embeddings=False, max_position_embeddings=256)
+    ours, theirs = (traced_profile(model, 128, precision).block(0) for model in (m, wb.HFModel(config)))
+    assert theirs.op_kept_bytes == ours.op_kept_bytes
+    assert theirs.params == ours.params
+
+
 def _measured(config, seq_len: int) -> tuple[int, float, int]:
     """A real CPU run of one sequence: its numel, FlopCounterMode's FLOPs and the ActivationMeter's peak."""
     from transformers import AutoModelForCausalLM

@@ -94,7 +94,10 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
         if precision == "bf16_params":  # built in bf16: fake parameters cannot be swapped for a cast afterwards
             torch.set_default_dtype(torch.bfloat16)
         with mode:
-            model = _on_fake_cpu(build(), mode)
+            # A model that builds in its own dtype (transformers' from_config takes fp32) has its parameters
+            # cast on the meta device, as FSDP2's mixed precision casts them for compute; its buffers stay.
+            params = torch.bfloat16 if precision == "bf16_params" else None
+            model = _on_fake_cpu(build(), mode, params)
     finally:
         torch.set_default_dtype(default)
     parts = Parts.of(model)
@@ -156,15 +159,18 @@ class _Casts(TorchDispatchMode):
             region.op_recomputed_whole += 0 if is_split(style) else flops
 
 
-def _on_fake_cpu(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+def _on_fake_cpu(model: nn.Module, mode: FakeTensorMode, param_dtype: torch.dtype | None = None) -> nn.Module:
     """`model` with every tensor on the meta device (as the ranks build a model before laying it out) made a fake
-    CPU tensor: the same shapes, no storage, and the CPU's kernels chosen as the ranks here run them. A tied
-    parameter stays one parameter."""
+    CPU tensor: the same shapes, no storage, and the CPU's kernels chosen as the ranks here run them; its
+    floating-point parameters in `param_dtype` if given. A tied parameter stays one parameter."""
     fakes: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in fakes:
-            made = FakeTensor(mode, t.detach(), torch.device("cpu"))
+            meta = t.detach()
+            if param_dtype is not None and isinstance(t, nn.Parameter) and t.is_floating_point():
+                meta = meta.to(param_dtype)
+            made = FakeTensor(mode, meta, torch.device("cpu"))
             fakes[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else made
         return fakes[id(t)]
 
