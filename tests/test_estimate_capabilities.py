@@ -228,3 +228,103 @@ def test_a_block_of_8_bit_linears_saves_what_its_bf16_self_saves(precision):
         bf16, low = (layer_saved(stage_shapes(c)[0], dtypes(c), Features(), 0)
                      for c in (cfg, cfg.replace(precision=precision)))
         assert dtypes(cfg.replace(precision=precision)).float8 and low == bf16, model
+
+
+def test_a_chunked_loss_holds_one_chunks_logits_and_leaves_the_blocks_an_fp32_gradient():
+    # torchtitan's ChunkedLossWrapper (2026): head and loss over 1/8 of the tokens at a time, each chunk's backward
+    # at once; what it leaves for the blocks' backward is GradAccumulator's fp32 gradient of the hidden states, not
+    # the head's input (a·D) and the loss's fp32 log-probabilities (4·V).
+    from workbench.estimate.saved_gpu import loss_transients
+    cfg = wb.Config(model=EIGHT_B, dp=4, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=2048, batch_size=16)
+    whole, chunked = Features(), Features(loss_chunks=8)
+    tokens, d, v = 4 * 2048, EIGHT_B.dim, EIGHT_B.vocab_size
+    a, b = (wb.estimate(cfg, "h200", features=f) for f in (whole, chunked))
+    assert a.memory.activations - b.memory.activations == tokens * (2 * d + 4 * v - 4 * d)
+    last = stage_shapes(cfg)[-1]
+    (fwd, bwd), (c_fwd, c_bwd) = (loss_transients(last, dtypes(cfg, f), f) for f in (whole, chunked))
+    chunk = tokens // 8
+    # bf16 logits and their fp32 copy forward, two fp32 gradients backward: one chunk's, beside the hidden states
+    # and their chunked copy, and the chunk's head input and log-probabilities.
+    assert (fwd, bwd) == (tokens * 6 * v, tokens * 8 * v)
+    held = 2 * tokens * 2 * d + chunk * (2 * d + 4 * v)
+    assert (c_fwd, c_bwd) == (held + chunk * 6 * v, held + chunk * 8 * v)
+    assert b.memory.allocated < a.memory.allocated and b.step_time_s == a.step_time_s
+    assert "loss in 8 chunks" in str(b)
+    with pytest.raises(ValueError, match="loss_chunks is a number of chunks"):
+        Features(loss_chunks=-1)
+
+
+def test_the_caching_allocator_reserves_no_more_than_the_device():
+    # A peak whose tensors fit: the allocator frees its unused cached blocks and retries rather than fail, so it
+    # reserves at most the device; one whose tensors do not fit is priced as the model prices it.
+    from workbench.estimate.allocator import FRAGMENTATION, reserved
+    assert reserved(85, None) == round(85 / (1 - FRAGMENTATION)) == 100
+    assert reserved(85, 95) == 95 and reserved(85, 120) == 100 and reserved(96, 95) == round(96 / 0.85)
+    # torchtitan's GB200 bf16 run reserved 174.49 GiB of the 184.31 a GB200 reports: it fits, at the device.
+    cfg = wb.Config(model=EIGHT_B, dp=4, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=2048, batch_size=128)
+    est = wb.estimate(cfg, "gb200", features=Features(loss_chunks=8))
+    assert est.memory.allocated < est.memory.reserved == GB200.memory_bytes - est.memory.runtime
+    assert est.fits
+    assert GB200.memory_bytes == round(184.31 * 2**30) and GB200.gemm_efficiency == B200.gemm_efficiency
+
+
+def test_fused_qkv_keeps_one_projection_output_and_recomputes_wo_and_w3_only():
+    # torchtitan's wqkv (2026): the per-op policy's alternation over wqkv, wo, w1, w3, w2 keeps wqkv's whole output
+    # (q and both k and v: one kv width more than wq's and wv's) and recomputes wo and w3 (not wk): backward runs
+    # K·D fewer multiply-adds a token.
+    cfg = wb.Config(model=EIGHT_B, dp=8, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=8192, batch_size=8)
+    apart, fused = (wb.estimate(cfg, "h100", features=Features(fused_qkv=f)) for f in (False, True))
+    kv = EIGHT_B.kv_heads * EIGHT_B.head_dim
+    assert fused.memory.activations - apart.memory.activations == EIGHT_B.n_layers * 8192 * 2 * kv
+    executed = [e.stages[0].flops for e in (apart, fused)]
+    assert executed[0] - executed[1] == pytest.approx(EIGHT_B.n_layers * 8192 * 2 * EIGHT_B.dim * kv, rel=1e-9)
+    assert dict(fused.stages[0].compute_split)["gemm"] < dict(apart.stages[0].compute_split)["gemm"]
+    assert "fused qkv" in str(fused)
+    with pytest.raises(ValueError, match="fused_qkv fuses the built-in block"):
+        from workbench.estimate import estimate as estimate_from
+        from workbench.tracing.estimate import traced_profile
+        estimate_from(cfg, "h100", features=Features(fused_qkv=True),
+                      traced=traced_profile(EIGHT_B, 8192, "bf16_params"))
+
+
+def test_an_nvfp4_block_under_the_op_policy_keeps_its_input_and_attention_and_recomputes_all_but_w2():
+    # torchao's NVFP4 linear multiplies with aten._scaled_mm_v2, which the per-op policy's save list does not name
+    # (torch's compute-intensive ops: aten.mm, aten._scaled_mm), and compile recomputes what the policy does not
+    # save: such a block keeps its input (bf16, D) and attention's output and log-sum-exp, and backward runs wq, wk,
+    # wv, wo, w1 and w3 again (w2's output only joins the residual sum).
+    from torch._functorch.partitioners import get_default_op_list
+    import torch
+    saved = get_default_op_list().compute_intensive_ops
+    assert torch.ops.aten._scaled_mm in saved and torch.ops.aten._scaled_mm_v2 not in saved
+    cfg = wb.Config(model=EIGHT_B, dp=4, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=2048, batch_size=16)
+    bf16, fp4 = (wb.estimate(cfg, "b200", features=Features(nvfp4=n)) for n in (0.0, 1.0))
+    tokens, d, kv, f = 4 * 2048, EIGHT_B.dim, EIGHT_B.kv_heads * EIGHT_B.head_dim, EIGHT_B.hidden_dim
+    # bf16 keeps wq's, wv's, w1's and w2's outputs beside those; NVFP4 none of them.
+    assert bf16.memory.activations - fp4.memory.activations == EIGHT_B.n_layers * tokens * 2 * (2 * d + kv + f)
+    # Executed: wq, wv, w1 again beside wk, wo, w3 (2 FLOPs a weight a token).
+    again = d * d + d * kv + d * f
+    assert fp4.stages[0].flops - bf16.stages[0].flops == pytest.approx(EIGHT_B.n_layers * tokens * 2 * again,
+                                                                       rel=1e-9)
+    assert "nvfp4 100% of blocks" in str(fp4)
+
+
+def test_nvfp4_casts_take_torchaos_measured_kernel_times():
+    # pytorch/ao PR 4369 timed its Triton kernels on a GB200 at four shapes; two make each line, the other two
+    # (the 70B's) lie on it within 6%; a linear's forward runs an amax and a quantize on its input and quantizes
+    # its weight, its backward an amax and a stochastic-rounding quantize on its output gradient.
+    from workbench.estimate.low_precision import (NVFP4_AMAX, NVFP4_QUANTIZE, NVFP4_QUANTIZE_SR, NVFP4_WEIGHT,
+                                                  nvfp4_cast_time)
+    measured = {NVFP4_AMAX: (25.600, 46.048), NVFP4_QUANTIZE: (43.776, 117.296),
+                NVFP4_QUANTIZE_SR: (60.128, 166.624), NVFP4_WEIGHT: (78.304, 232.160)}
+    for (fixed, each), times in measured.items():
+        for elements, us in zip((2048 * 8192, 2048 * 28672), times):
+            assert (fixed + each * elements) * 1e6 == pytest.approx(us, rel=0.07)
+    # w1 of the 8B over 2048 tokens: its input is the hidden-state shape, its weight the 70B mlp.down input's size,
+    # its output gradient the 8B mlp.down input's shape.
+    forward, backward = nvfp4_cast_time([(1, 4096, 14336)], 2048)
+    assert forward * 1e6 == pytest.approx(19.488 + 31.072 + 232.160, rel=0.025)
+    assert backward * 1e6 == pytest.approx(31.744 + 91.168, rel=1e-6)

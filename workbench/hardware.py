@@ -227,15 +227,21 @@ GB200 = Hardware(
     # NVIDIA GB200 NVL72 datasheet (nvidia.com/en-us/data-center/gb200-nvl72), the rack's 72 GPUs: FP4 1,440,
     # FP8/FP6 720, FP16/BF16 360, TF32 180 PFLOPS (sparse), FP32 6,480 TFLOPS; up to 13.4 TB HBM3e at 576 TB/s;
     # 130 TB/s of NVLink: per GPU 10 / 5 / 2.5 / 1.25 PFLOP/s dense, 90 TFLOP/s FP32, 186 GB at 8 TB/s, 1.8 TB/s
-    # NVLink, the B200 at 1,200 W. All 72 GPUs share one NVLink domain (`links` preset "gb200-nvl72").
+    # NVLink, the B200 at 1,200 W. All 72 GPUs share one NVLink domain (`links` preset "gb200-nvl72"). Its GPU is
+    # the B200's, so cuBLAS's shares of peak measured on the B200 are its own (`B200` below). Its memory is what
+    # the device reports, above the datasheet's 186 GB: nvidia-smi shows 189,471 MiB, torch "a total capacity of
+    # 184.31 GiB" (its out-of-memory message on GB200s), and torchtitan's GB200 runs reserved up to 179.94 GiB,
+    # "97.6%" (torchtitan PR 3914, 2026).
     name="gb200",
     peak_flops={"fp32": 90 * TFLOPS, "tf32": 1250 * TFLOPS, "bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS,
                 "fp8": 5000 * TFLOPS, "mxfp8": 5000 * TFLOPS, "nvfp4": 10000 * TFLOPS},
-    memory_bytes=186 * GB,
+    memory_bytes=round(184.31 * 2**30),
     mem_bw=8 * TB,
     link_bw=900 * GB,
     measured=False,
     sms=148,
+    gemm_efficiency=B200.gemm_efficiency,
+    low_precision_gemm_efficiency=B200.low_precision_gemm_efficiency,
     attention_efficiency=FLASH_ATTENTION_H100,
     cluster="gb200-nvl72",
     gpus_per_node=72,

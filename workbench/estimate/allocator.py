@@ -28,9 +28,18 @@ NCCL_CHANNELS = 16
 systems; an assumption within NCCL_MAX_NCHANNELS' default of 32)."""
 
 
-def reserved(allocated: int) -> int:
-    """What the caching allocator reserves when tensors hold `allocated` bytes at its peak."""
-    return round(allocated / (1 - FRAGMENTATION))
+def reserved(allocated: int, device_bytes: int | None = None) -> int:
+    """What the caching allocator reserves when tensors hold `allocated` bytes at its peak, on a device of
+    `device_bytes` (what the process may allocate beyond the CUDA context and NCCL; None: no limit).
+
+    Never more than the device: when cudaMalloc fails, the allocator frees its cached blocks that no tensor uses
+    and tries again (torch's CUDACachingAllocator, `release_cached_blocks`; memory_stats counts it in
+    num_alloc_retries), so a peak whose tensors fit reserves at most the device, the fragments given back. A peak
+    whose tensors alone do not fit is reported as the model prices it."""
+    wanted = round(allocated / (1 - FRAGMENTATION))
+    if device_bytes is None or allocated > device_bytes:
+        return wanted
+    return min(wanted, device_bytes)
 
 
 def nccl_buffers(cfg: Config) -> int:

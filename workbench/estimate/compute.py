@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from workbench.estimate.options import NO_FEATURES, Features
 from workbench.estimate.stage import Stage
 from workbench.config.params import block_matmul_params, head_params, mlp_params, moe_active_ffn_params
 
@@ -12,9 +13,11 @@ def op_recomputed_params(m) -> int:
     return m.dim * m.kv_heads * m.head_dim + m.n_heads * m.head_dim * m.dim + m.dim * m.hidden_dim
 
 
-def executed_flops(st: Stage) -> float:
+def executed_flops(st: Stage, features: Features = NO_FEATURES) -> float:
     """FLOPs one rank of this stage executes per step: forward and backward of its blocks (and the head on the
-    last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp."""
+    last stage), plus the forward again of every checkpointed block; a MoE FFN runs replicated over tp. Under
+    the per-op policy, what `features` make it recompute: attention's forward where it keeps none of it
+    (`op_keeps_attention`), wo and w3 only with q, k, v fused (`fused_qkv`), all but w2 in a dense NVFP4 block."""
     if st.profile is not None:
         return _traced_flops(st)
     cfg, m = st.cfg, st.shape
@@ -24,8 +27,13 @@ def executed_flops(st: Stage) -> float:
     recompute = 2 * block_full + attn_fwd
     per_token = len(st.layers) * block_train + st.checkpointed * recompute + st.last * 3 * 2 * head_full
     if cfg.activation_checkpointing == "op":
-        # The per-op policy recomputes every other matmul of each block: wk, wo and w3.
-        per_token += len(st.layers) * 2 * op_recomputed_params(m)
+        # The per-op policy recomputes every other matmul of each block: wk, wo and w3 (wo and w3 of wqkv, wo,
+        # w1, w3, w2), and attention where it does not keep it.
+        kv = m.dim * m.kv_heads * m.head_dim
+        again = op_recomputed_params(m) - (kv if features.fused_qkv else 0)
+        fp4 = 0 if m.n_experts else sum(i < features.nvfp4_blocks(m.n_layers) for i in st.layers)
+        per_token += (len(st.layers) - fp4) * 2 * again + fp4 * 2 * (block_full - m.hidden_dim * m.dim)
+        per_token += 0 if features.op_keeps_attention else len(st.layers) * attn_fwd
     replicated = 0  # per token, computed whole on every tp rank
     if m.n_experts:
         # A MoE FFN runs the router, top_k experts and the shared expert, replicated over tp, instead of the dense

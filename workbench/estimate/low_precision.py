@@ -23,6 +23,10 @@ torchao/float8/float8_linear.py and torchao/prototype/mx_formats; inductor fuses
   layout itself): a + 1 (a + 0.5 for 4-bit elements) plus a scale byte per block; NVFP4 adds one per-tensor amax
   (its second-level scale), a read.
 
+NVFP4's casts are torchao's Triton kernels (`nvfp4_mm_triton`, its default KernelPreference.TRITON), whose
+measured times `nvfp4_cast_time` takes instead of bytes at the memory's rate: a randomized Hadamard transform
+before quantizing, and stochastic rounding in backward, run them at a fifth to a third of the HBM rate.
+
 Which operands are cast once: a block's projections share their input (wq, wk, wv; w1, w3), which compiled code
 casts once (the three identical casts are one expression to inductor) and torchao's Float8 tensor-parallel styles
 cast once before gathering it; eager code casts it per linear. Recomputation (op or block policy) casts the forward's
@@ -37,6 +41,43 @@ from workbench.estimate.stage import Stage
 
 SCALE_BLOCK = {"mx": 32, "nvfp4": 16}
 """Elements per scale along the reduction dim: OCP MX formats' 32; NVFP4's 16 (an fp8 e4m3 scale each)."""
+
+
+def _per_element(small: tuple[int, float], large: tuple[int, float]) -> tuple[float, float]:
+    """(seconds per call, seconds per element) of a kernel timed at two sizes (elements, µs): the line through
+    them, its fixed part a call's launch and tail."""
+    (n1, t1), (n2, t2) = small, large
+    slope = (t2 - t1) / (n2 - n1) * 1e-6
+    return t1 * 1e-6 - slope * n1, slope
+
+
+# torchao's NVFP4 training kernels on a GB200 (pytorch/ao PR 4369, 2026, "Run environment: NVIDIA GB200, PyTorch
+# 2.13.0a0, Triton 3.7.0"; the same tables in benchmarks/prototype/nvfp4_training/README.md), each timed on a
+# Llama 3 8B hidden-state input (2048 × 4096) and mlp.down input (2048 × 14336): µs. The 70B shapes of the same
+# tables (2048 × 8192 and 2048 × 28672) lie on the lines within 6%. Taken for every Blackwell part.
+NVFP4_AMAX = _per_element((2048 * 4096, 19.488), (2048 * 14336, 31.744))
+"""`triton_rht_amax`: the Hadamard-transformed input's row and column maxima (the two per-tensor scales)."""
+NVFP4_QUANTIZE = _per_element((2048 * 4096, 31.072), (2048 * 14336, 65.856))
+"""`triton_rht_quantize_row_col`, round to nearest (forward): the input's rowwise and columnwise NVFP4 codes with
+their fp8 block scales, the columnwise ones Hadamard-transformed."""
+NVFP4_QUANTIZE_SR = _per_element((2048 * 4096, 40.672), (2048 * 14336, 91.168))
+"""The same kernel with stochastic rounding: backward's output gradient."""
+NVFP4_WEIGHT = _per_element((2048 * 4096, 49.600), (2048 * 14336, 123.616))
+"""`triton_weight_quantize_2d`: the weight in 16 × 16 blocks, rowwise and transposed codes (every forward)."""
+
+
+def nvfp4_cast_time(linears: list[tuple[int, int, int]], tokens: int) -> tuple[float, float]:
+    """Seconds of one NVFP4 block's casts per micro-batch of `tokens`, (forward, backward), from torchao's measured
+    kernels: forward, each linear's input (the amax, then both codes) and its weight; backward, each output
+    gradient (the amax, then both codes with stochastic rounding). Backward reuses the forward's columnwise input
+    codes, saved or recomputed (a recomputation costs the forward again). `linears`: (count, fan-in, fan-out)."""
+    forward = backward = 0.0
+    for count, fan_in, fan_out in linears:
+        x, w, dy = tokens * fan_in, fan_in * fan_out, tokens * fan_out
+        forward += count * (sum(fixed + each * x for fixed, each in (NVFP4_AMAX, NVFP4_QUANTIZE))
+                            + NVFP4_WEIGHT[0] + NVFP4_WEIGHT[1] * w)
+        backward += count * sum(fixed + each * dy for fixed, each in (NVFP4_AMAX, NVFP4_QUANTIZE_SR))
+    return forward, backward
 
 
 def gemm_precision(dt: Dtypes, base: str, nvfp4: bool = False) -> tuple[str, float]:
@@ -68,24 +109,31 @@ def block_converts(st: Stage, recipe: str) -> list[bool]:
     return [converts(fan_in, fan_out, recipe) for fan_in, fan_out in st.block_linears(whole=True)]
 
 
-def converted_linears(st: Stage, moe: bool = False, recipe: str = "") -> list[tuple[int, int, int]]:
+def converted_linears(st: Stage, moe: bool = False, recipe: str = "",
+                      fused_qkv: bool = False) -> list[tuple[int, int, int]]:
     """(count, fan-in, fan-out) on this rank of the built-in block's linears that run in low precision
     (engine/parallel/float8.py converts every nn.Linear but the head and a mixture of experts' router and experts,
     whose dims are multiples of config's `CONVERTED_MULTIPLE[recipe]`): all seven of a dense block; attention's four and the
-    shared expert's three of a mixture of experts, whose FFN runs whole on every tp rank."""
+    shared expert's three of a mixture of experts, whose FFN runs whole on every tp rank. `fused_qkv`: wq, wk and
+    wv one linear (`Features.fused_qkv`)."""
     kept, linears, m = block_converts(st, recipe), st.block_linears(), st.shape
-    converted = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(linears[:4] if moe else linears, kept) if k]
-    if moe and m.shared_expert and kept[4]:
+    if fused_qkv:
+        (d, q), (_, kv) = linears[0], linears[1]
+        linears, kept = [(d, q + 2 * kv), *linears[3:]], [kept[0], *kept[3:]]
+    attention = len(linears) - 3
+    converted = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(linears[:attention] if moe else linears, kept)
+                 if k]
+    if moe and m.shared_expert and kept[attention]:
         converted += [(2, m.dim, m.hidden_dim), (1, m.hidden_dim, m.dim)]
     return converted
 
 
 def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int, int]] | None = None,
-               moe: bool = False) -> tuple[float, float]:
+               moe: bool = False, fused_qkv: bool = False) -> tuple[float, float]:
     """Bytes per token one block's casts move, (forward, backward), on this rank; a recomputed block's
     recomputation costs its forward again. `recipe`: dt.recipe, or "nvfp4". `linears`: a traced block's (count,
     fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's (`converted_linears`;
-    `moe`: its FFN a mixture of experts)."""
+    `moe`: its FFN a mixture of experts; `fused_qkv`: q, k and v one linear, its input cast once)."""
     tp, a = st.cfg.tp, dt.compute
     if linears is None and not all(block_converts(st, recipe)):
         # Some linears stay in bf16: each converted one casts its input on its own.
@@ -100,7 +148,7 @@ def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int,
         # (fan-out) whose gradients are cast in backward.
         shared = dt.fused or (tp > 1 and recipe == "tensorwise")
         gathered = d / tp if tp > 1 and recipe == "tensorwise" else d  # cast before or after the sequence gather
-        inputs = (1 if shared else 3) * gathered + q / tp  # wq, wk, wv; wo
+        inputs = (1 if shared or fused_qkv else 3) * gathered + q / tp  # wq, wk, wv; wo
         outputs = (q + 2 * kv) / tp + gathered
         if not moe:  # w1, w3; w2
             inputs += (1 if shared else 2) * gathered + f / tp

@@ -46,11 +46,33 @@ class Features:
     Blackwell: e2m1 elements with an fp8 scale per 16 and one fp32 scale per tensor; torchtitan's recipe
     llama3_8b_first_85_pct_layers_nvfp4 is 0.85, the last blocks and the head kept in bf16): their GEMMs at the
     device's FP4 rate, their operands cast per 16-element block along each GEMM's reduction dim; the weights and
-    every collective stay bf16. 0: none."""
+    every collective stay bf16. 0: none.
+
+    Under the per-op policy such a block keeps its input and attention's output only: torchao's NVFP4 linear
+    (`nvfp4_mm_triton`, prototype/moe_training/nvfp4_training/nvfp4_linear.py) multiplies with F.scaled_mm
+    (aten._scaled_mm_v2) after Triton quantize kernels, none of which the policy's save list names (torch's
+    compute-intensive ops name aten.mm and aten._scaled_mm, torchtitan's policy counts aten.mm and aten.linear),
+    and under torch.compile what the policy does not save is recomputed (`must_recompute` in
+    torch/_functorch/partitioners.py takes PREFER_RECOMPUTE as a must). Backward runs its forward GEMMs and casts
+    again, all but the last GEMM (w2, whose output reaches only the residual sum)."""
+
+    loss_chunks: int = 0
+    """The head and the loss run over the tokens in this many chunks, each chunk's backward at once
+    (torchtitan's chunked loss, components/loss.py: ChunkedCELoss from April 2026, ChunkedLossWrapper from June,
+    8 chunks, the loss of its llama3 and qwen3 configs): the logits and the loss's tensors exist for one chunk at
+    a time; the hidden states are copied into the chunks and the chunks' gradients gathered into one fp32 buffer
+    (`GradAccumulator`), which backward then takes into the blocks. 0: one loss over every token."""
+    fused_qkv: bool = False
+    """Attention's q, k and v projections run as one linear (torchtitan's `wqkv`, its llama3 and qwen3 models'
+    default from 3396a4b37, June 2026): one GEMM of fan-out q + 2·kv, and the per-op policy, which keeps every
+    other matmul's output, counts five matmuls where the built-in block runs seven: wqkv, w1 and w2 kept, wo and
+    w3 run again (instead of wq, wv, w1, w2 kept). The built-in model only: a traced model runs its own linears."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.nvfp4 <= 1.0:
             raise ValueError(f"Features.nvfp4 is a share of the blocks in [0, 1], got {self.nvfp4}")
+        if self.loss_chunks < 0:
+            raise ValueError(f"Features.loss_chunks is a number of chunks (0 for none), got {self.loss_chunks}")
 
     def describe(self) -> str:
         on = [name for name in ("compile_loss", "loss_parallel", "float8_saves_fp8_inputs") if getattr(self, name)]
@@ -58,7 +80,15 @@ class Features:
             on.append("op_recomputes_attention")
         if self.nvfp4:
             on.append(f"nvfp4 {self.nvfp4:.0%} of blocks")
+        if self.loss_chunks:
+            on.append(f"loss in {self.loss_chunks} chunks")
+        if self.fused_qkv:
+            on.append("fused qkv")
         return "+".join(on) if on else "none"
+
+    def nvfp4_blocks(self, n_layers: int) -> int:
+        """How many of a model's `n_layers` blocks, the first ones, run NVFP4 (`nvfp4`)."""
+        return round(self.nvfp4 * n_layers)
 
 
 NO_FEATURES = Features()

@@ -89,12 +89,15 @@ def shaped(cfg: Config, hardware: str | Hardware = "h100", *, features: Features
     if features.nvfp4 and "nvfp4" not in hw.peak_flops:
         raise ValueError(f"Features.nvfp4 models NVFP4 linears, which only Blackwell multiplies; {hw.name} has no "
                          f"nvfp4 rate (it has {sorted(hw.peak_flops)})")
+    if features.fused_qkv and traced is not None:
+        raise ValueError("Features.fused_qkv fuses the built-in block's q, k and v projections; a traced model's "
+                         "linears are those it ran (trace the model with its projections fused instead)")
     shapes = tuple(stage_shapes(cfg, traced))
     if hw.kind == "cpu":
         memories = tuple(stage_memory(st) for st in shapes)
     else:
         dt = dtypes(cfg, features)
-        memories = tuple(_gpu_stage_memory(st, dt, features) for st in shapes)
+        memories = tuple(_gpu_stage_memory(st, dt, features, hw) for st in shapes)
     return Shaped(cfg, hw, features, shapes, memories)
 
 
@@ -102,7 +105,7 @@ def price(s: Shaped, efficiency: float | None = None) -> Estimate:
     """The estimate `s` is the first half of: FLOPs, collectives and the step's time (the second half)."""
     cfg, hw, shapes = s.cfg, s.hardware, list(s.shapes)
     net = network(cfg, hw)
-    flops = [executed_flops(st) for st in shapes]
+    flops = [executed_flops(st, s.features) for st in shapes]
     if hw.kind == "cpu":
         return _cpu(cfg, hw, net, shapes, flops, efficiency or CPU_EFFICIENCY, s.memories)
     return _gpu(cfg, hw, net, shapes, flops, efficiency, s.features, s.memories)
@@ -194,12 +197,13 @@ def _stated(st: Stage, flops: float, hw: Hardware, cfg: Config, efficiency: floa
                              backward=per_mb * 2 / 3)
 
 
-def _gpu_stage_memory(st: Stage, dt: Dtypes, features: Features) -> Memory:
+def _gpu_stage_memory(st: Stage, dt: Dtypes, features: Features, hw: Hardware) -> Memory:
     g = gpu_memory(st, dt, features)
-    allocated = g.moments.peak
+    allocated, runtime = g.moments.peak, runtime_bytes(st.cfg)
     return Memory(parameters=g.parameters, gradients=g.gradients, optimizer=g.optimizer, buffers=g.buffers,
                   activations=g.activations, other=g.other, host=g.host, allocated=allocated,
-                  reserved=reserved(allocated), runtime=runtime_bytes(st.cfg), peak_at=g.moments.where)
+                  reserved=reserved(allocated, hw.memory_bytes - runtime), runtime=runtime,
+                  peak_at=g.moments.where)
 
 
 def _model_flops(cfg: Config, profile: ModelProfile | None = None) -> float:

@@ -22,18 +22,36 @@ def policy(st: Stage, layer: int) -> str:
     return "block" if st.is_checkpointed(layer) else "none"
 
 
-def op_block(st: Stage, dt: Dtypes, layer: int | None = None, keeps_attention: bool = True) -> int:
+def op_block(st: Stage, dt: Dtypes, layer: int | None = None, keeps_attention: bool = True,
+             fused_qkv: bool = False) -> int:
     """Bytes a dense block (block `layer` of a traced model) keeps for one micro-batch under the per-op selective
-    policy; `keeps_attention` False: the policy recomputes attention instead (`Features.op_keeps_attention`)."""
+    policy; `keeps_attention` False: the policy recomputes attention instead (`Features.op_keeps_attention`);
+    `fused_qkv`: q, k and v in one linear, whose whole output is kept (`Features.fused_qkv`)."""
     if st.profile is not None:
         return _traced_op_block(st, dt, st.layers[0] if layer is None else layer)
     m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     kv = m.kv_heads * m.head_dim
     attention = a * m.dim + 4 * m.n_heads if keeps_attention else 0  # its output and log-sum-exp
-    sharded = r * m.dim + a * (m.dim + kv + m.hidden_dim) + attention
+    projections = m.dim + 2 * kv if fused_qkv else m.dim + kv  # wqkv's output, or wq's and wv's
+    sharded = r * m.dim + a * (projections + m.hidden_dim) + attention
     if tp > 1:
         sharded += 2 * a * m.dim  # the saved reduce-scatter outputs of wo and w2
     return round(st.tokens * (sharded / tp + a * m.dim))
+
+
+def op_block_unsaved_matmuls(st: Stage, dt: Dtypes, layer: int | None = None, keeps_attention: bool = True) -> int:
+    """Bytes a block whose matmuls the per-op policy saves none of keeps (an NVFP4 block: `Features.nvfp4`): its
+    input, attention's output and log-sum-exp (unless `keeps_attention` is False), and under tensor parallel the
+    reduce-scatters' outputs, per micro-batch."""
+    tp, a = st.cfg.tp, dt.compute
+    if st.profile is not None:
+        b = st.profile.block(st.layers[0] if layer is None else layer)
+        heads, width, dim = b.heads, b.heads * b.head_dim, st.dim
+    else:
+        heads, width, dim = st.shape.n_heads, st.shape.n_heads * st.shape.head_dim, st.shape.dim
+    attention = a * width + 4 * heads if keeps_attention else 0
+    scattered = 2 * a * dim if tp > 1 else 0
+    return input_only(st, dt) + round(st.tokens * (attention + scattered) / tp)
 
 
 def _traced_op_block(st: Stage, dt: Dtypes, layer: int) -> int:

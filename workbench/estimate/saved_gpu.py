@@ -28,7 +28,7 @@ from collections import Counter
 
 from workbench.estimate.expert import moe_activations
 from workbench.estimate.options import Dtypes, Features
-from workbench.estimate.recompute import input_only, op_block, policy
+from workbench.estimate.recompute import input_only, op_block, op_block_unsaved_matmuls, policy
 from workbench.estimate.stage import Stage
 
 
@@ -49,25 +49,33 @@ def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
     return round(st.tokens * (sharded / tp + 2 * c * m.dim)) + copies
 
 
-def _example(st: Stage, layers: tuple[int, ...], kind: tuple[str, bool]) -> int:
-    """A block of `layers` of the given (policy, is MoE) kind."""
-    return next(i for i in layers if (policy(st, i), st.shape.is_moe_layer(i)) == kind)
+def _kind(st: Stage, features: Features, layer: int) -> tuple[str, bool, bool]:
+    """What decides what block `layer` saves: its policy, whether its FFN is a mixture of experts, whether its
+    linears run NVFP4."""
+    return policy(st, layer), st.shape.is_moe_layer(layer), layer < features.nvfp4_blocks(st.shape.n_layers)
+
+
+def _example(st: Stage, features: Features, layers: tuple[int, ...], kind: tuple[str, bool, bool]) -> int:
+    """A block of `layers` of the given kind (`_kind`)."""
+    return next(i for i in layers if _kind(st, features, i) == kind)
 
 
 def largest_rebuilt(st: Stage, dt: Dtypes, features: Features) -> int:
     """The most `rebuilt` holds over this rank's blocks (0 without blocks)."""
-    kinds = {(policy(st, i), st.shape.is_moe_layer(i)) for i in st.layers}
-    return max((rebuilt(st, dt, features, _example(st, st.layers, k)) for k in kinds), default=0)
+    kinds = {_kind(st, features, i) for i in st.layers}
+    return max((rebuilt(st, dt, features, _example(st, features, st.layers, k)) for k in kinds), default=0)
 
 
 def layer_saved(st: Stage, dt: Dtypes, features: Features, layer: int) -> int:
     """Bytes block `layer` keeps from its forward to its backward, for one micro-batch."""
-    how = policy(st, layer)
-    moe = moe_activations(st) if st.shape.is_moe_layer(layer) else 0
+    how, is_moe, fp4 = _kind(st, features, layer)
+    moe = moe_activations(st) if is_moe else 0
     if how == "block":
         return input_only(st, dt)
+    if how == "op" and fp4:
+        return op_block_unsaved_matmuls(st, dt, layer, features.op_keeps_attention) + moe
     if how == "op":
-        return op_block(st, dt, keeps_attention=features.op_keeps_attention) + moe
+        return op_block(st, dt, layer, features.op_keeps_attention, features.fused_qkv) + moe
     return whole_block(st, dt, features) + moe
 
 
@@ -89,17 +97,23 @@ def logits_width(st: Stage, features: Features) -> int:
     return -(-v // st.cfg.tp) if features.loss_parallel else v
 
 
+def loss_kept(st: Stage, features: Features, a: int) -> int:
+    """Bytes per token the loss keeps from its forward to its backward: the fp32 log-probabilities, or a compiled
+    loss's logits and log-sum-exp."""
+    v = logits_width(st, features)
+    return a * v + 4 if features.compile_loss else 4 * v
+
+
 def edge_saved(st: Stage, dt: Dtypes, features: Features, first: bool, last: bool) -> int:
     """Bytes saved outside the blocks for one micro-batch: token ids (first stage); the final norm's input and
-    1/rms, the head's input, what the loss keeps (the fp32 log-probabilities; a compiled loss keeps the logits
-    and a log-sum-exp per token instead) and the targets (last stage), and under autocast the head's weight
-    copy."""
+    1/rms, the head's input, what the loss keeps and the targets (last stage), and under autocast the head's
+    weight copy. A chunked loss (`Features.loss_chunks`) has run its backward before the blocks': it leaves the
+    fp32 gradient of the hidden states instead of the head's input and the loss's tensors."""
     m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     saved = 8 * st.tokens if first else 0
     if last:
-        v = logits_width(st, features)
-        loss = a * v + 4 if features.compile_loss else 4 * v
-        per_token = (r * m.dim + 4) / tp + a * m.dim + loss + 8
+        head = 4 * m.dim if features.loss_chunks else a * m.dim + loss_kept(st, features, a)
+        per_token = (r * m.dim + 4) / tp + head + 8
         saved += round(st.tokens * per_token) + (2 * st.head if dt.weight_copies else 0)
     return saved
 
@@ -109,8 +123,9 @@ def stage_saved(st: Stage, dt: Dtypes, features: Features) -> dict[int, int]:
     received input is a receive buffer, as on CPU: `activations.stage_activations`)."""
     def kept(layers: tuple[int, ...]) -> int:
         # Blocks alike (same recomputation, dense or MoE) keep alike: one of each kind, times how many.
-        kinds = Counter((policy(st, i), st.shape.is_moe_layer(i)) for i in layers)
-        return sum(n * layer_saved(st, dt, features, _example(st, layers, kind)) for kind, n in kinds.items())
+        kinds = Counter(_kind(st, features, i) for i in layers)
+        return sum(n * layer_saved(st, dt, features, _example(st, features, layers, kind))
+                   for kind, n in kinds.items())
 
     return st.saved_by_stage(kept, lambda first, last: edge_saved(st, dt, features, first, last), input_only(st, dt))
 
@@ -124,14 +139,27 @@ def loss_transients(st: Stage, dt: Dtypes, features: Features) -> tuple[int, int
     With loss parallel, torch's decomposition (torch/distributed/tensor/parallel/loss.py `_log_softmax`,
     `_nll_loss_and_log_softmax_backward`) also holds the shifted logits and their exp in forward, and in
     backward a zero gradient, the exp and their sum: two and three fp32 tensors. A compiled loss fuses it all:
-    only its bf16 gradient in backward."""
+    only its bf16 gradient in backward. A chunked loss (`Features.loss_chunks`) holds one chunk's share of these
+    and of what the loss keeps, beside the hidden states and their copy in chunks."""
     if not st.last:
         return 0, 0
+    if features.loss_chunks:
+        # One chunk at a time: its head input and what its loss keeps, beside its loss's working set; all the
+        # while the hidden states and their chunked copies (the compute dtype).
+        chunk = -(-st.tokens // features.loss_chunks)
+        held = 2 * st.tokens * dt.compute * st.shape.dim
+        kept = chunk * (dt.compute * st.shape.dim + loss_kept(st, features, dt.compute))
+        fwd, bwd = _loss_working(st, dt, features, chunk)
+        return held + kept + fwd, held + kept + bwd
+    return _loss_working(st, dt, features, st.tokens)
+
+
+def _loss_working(st: Stage, dt: Dtypes, features: Features, tokens: int) -> tuple[int, int]:
     v, a, tp = logits_width(st, features), dt.compute, st.cfg.tp
     if features.compile_loss:
-        return 0, st.tokens * a * v
+        return 0, tokens * a * v
     local = a * -(-st.shape.vocab_size // tp) if tp > 1 and not features.loss_parallel else 0
     upcast = 4 * v if a < 4 else 0
     if features.loss_parallel and tp > 1:
-        return st.tokens * (a * v + upcast + 4 * v), st.tokens * 12 * v
-    return st.tokens * (a * v + local + upcast), st.tokens * 8 * v
+        return tokens * (a * v + upcast + 4 * v), tokens * 12 * v
+    return tokens * (a * v + local + upcast), tokens * 8 * v

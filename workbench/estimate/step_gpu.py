@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from workbench.config import FP8
 from workbench.estimate.expert import assignments
 from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_parts, linear_time, memory_time
-from workbench.estimate.low_precision import block_converts, cast_bytes
+from workbench.estimate.low_precision import block_converts, cast_bytes, converted_linears, nvfp4_cast_time
 from workbench.estimate.low_precision import gemm_precision as gemm_precision_of
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.saved_gpu import logits_width, policy
@@ -94,10 +94,11 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     base = "bf16" if cfg.precision in FP8 else cfg.precision
     d = st.profile.dim if st.profile else m.dim
     gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = cast_fwd = cast_bwd = tp_gather = tp_scatter = 0.0
+    fp4_fwd = fp4_bwd = 0.0  # NVFP4's casts, in seconds (`nvfp4_cast_time`)
     fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
     traced = st.profile
     n_layers = len(traced.blocks) if traced else m.n_layers
-    nvfp4_blocks = round(features.nvfp4 * n_layers)  # the first blocks (torchtitan's recipe keeps the last bf16)
+    nvfp4_blocks = features.nvfp4_blocks(n_layers)  # the first blocks (torchtitan's recipe keeps the last bf16)
     # Async TP multiplies the sequence's tp shards as they arrive (and sends the output's as they are done).
     chunks = tp if cfg.async_tp else 1
     # Blocks alike (same recomputation, kind and linears' format) cost alike: one of each kind, times how many.
@@ -108,13 +109,20 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
         recipe = "nvfp4" if fp4 else dt.recipe
         if traced is not None:
             block = traced.kinds[kind]
-            fwd, bwd, gathered, scattered = _traced_gemms(st, block, how, hw, precision, elem, base, a, chunks)
+            fwd, bwd, gathered, scattered = _traced_gemms(st, block, how, hw, precision, elem, base, a, chunks, fp4)
             linears = [(g.count, *g.fans(tp)) for g in block.gemms]
         else:
-            fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks, recipe)
+            fwd, bwd, gathered, scattered = _block_gemms(st, kind, how, hw, precision, elem, base, a, chunks, recipe,
+                                                         fp4, features.fused_qkv)
             linears = None
-        if recipe:
-            c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears, moe=traced is None and kind)
+        if recipe == "nvfp4":
+            converted = linears or converted_linears(st, kind, recipe, features.fused_qkv)
+            n_fwd, n_bwd = nvfp4_cast_time(converted, t)
+            fp4_fwd += count * n_fwd
+            fp4_bwd += count * (n_bwd + (n_fwd if how != "none" else 0.0))  # recomputation casts again
+        elif recipe:
+            c_fwd, c_bwd = cast_bytes(st, dt, recipe, linears, moe=traced is None and kind,
+                                      fused_qkv=features.fused_qkv)
             cast_fwd += count * t * c_fwd
             cast_bwd += count * t * (c_bwd + (c_fwd if how != "none" else 0.0))  # recomputation casts again
         gemm_fwd, gemm_bwd = gemm_fwd + count * fwd, gemm_bwd + count * bwd
@@ -139,7 +147,8 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
         v = logits_width(st, features)
         mem_fwd += t * (a if features.compile_loss else a + 16) * v
         mem_bwd += t * (2 * a if features.compile_loss else 24 + a) * v
-    mem_fwd, mem_bwd = memory_time(hw, mem_fwd), memory_time(hw, mem_bwd) + _fsdp_copies(st, dt, hw)
+    mem_fwd = memory_time(hw, mem_fwd) + fp4_fwd
+    mem_bwd = memory_time(hw, mem_bwd) + _fsdp_copies(st, dt, hw) + fp4_bwd
     return MicroBatchCompute(gemm=gemm_fwd + gemm_bwd, attention=attn_fwd + attn_bwd,
                              memory_bound=mem_fwd + mem_bwd, forward=gemm_fwd + attn_fwd + mem_fwd,
                              backward=gemm_bwd + attn_bwd + mem_bwd, tp_gather_gemm=tp_gather,
@@ -160,18 +169,26 @@ def _split_windows(split: str | None, how: str, again: bool, one: float, dgrad: 
 
 
 def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, elem: float, base: str,
-                 a: float, chunks: int = 1, recipe: str = "") -> tuple[float, float, float, float]:
+                 a: float, chunks: int = 1, recipe: str = "", saves_no_matmul: bool = False,
+                 fused_qkv: bool = False) -> tuple[float, float, float, float]:
     """Forward and backward GEMM time of one built-in block: its seven linears (attention's four when its FFN is
-    a mixture of experts, whose GEMMs follow), recomputed as `how` says, each at `precision` where `recipe`
-    converts it and in `base` where its dims keep it out (`low_precision.converts`); and of them, the matmuls
-    beside tensor parallel's gathers and reduce-scatters (`_split_windows`)."""
+    a mixture of experts, whose GEMMs follow; wq, wk and wv as one under `fused_qkv`), recomputed as `how` says,
+    each at `precision` where `recipe` converts it and in `base` where its dims keep it out
+    (`low_precision.converts`); and of them, the matmuls beside tensor parallel's gathers and reduce-scatters
+    (`_split_windows`). `saves_no_matmul`: the per-op policy keeps none of its matmuls' outputs (an NVFP4 block),
+    so backward runs every forward GEMM again but w2's, whose output only joins the residual sum."""
     t = st.tokens
     linears = st.block_linears()
     low = block_converts(st, recipe)
     recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
-    row_parallel = {3, 6}  # wo and w2: their outputs reduce-scattered; the others' inputs all-gathered
+    if fused_qkv:  # one linear of wq's, wk's and wv's fan-outs: wqkv, wo, w1, w3, w2, of which wo and w3 again
+        (d, q), (_, kv) = linears[0], linears[1]
+        linears, low, recomputed_op = [(d, q + 2 * kv), *linears[3:]], [low[0], *low[3:]], {1, 3}
+    if saves_no_matmul:
+        recomputed_op = set(range(len(linears) - 1))
+    row_parallel = {len(linears) - 4, len(linears) - 1}  # wo and w2: their outputs reduce-scattered
     fwd = bwd = gathered = scattered = 0.0
-    for i, (fan_in, fan_out) in enumerate(linears[:4] if moe else linears):
+    for i, (fan_in, fan_out) in enumerate(linears[:len(linears) - 3] if moe else linears):
         fmt, size = (precision, elem) if low[i] else (base, a)
         one, dgrad, wgrad = linear_parts(hw, fmt, t, fan_in, fan_out, size, chunks)
         again = how == "block" or (how == "op" and i in recomputed_op)
@@ -182,24 +199,27 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
     if moe:
         # Low precision converts neither the router nor the routed experts (engine/parallel/float8.py): their
         # GEMMs stay in bf16; the shared expert, an nn.Linear trio, runs as attention does.
-        shared = (precision, elem) if low[4] else (base, a)  # the dense FFN's shapes: w1's answer
+        shared = (precision, elem) if low[-3] else (base, a)  # the dense FFN's shapes: w1's answer
         moe_fwd, moe_bwd = _moe_gemms(st, hw, base, a, how == "block", *shared)
         fwd, bwd = fwd + moe_fwd, bwd + moe_bwd
     return fwd, bwd, gathered, scattered
 
 
 def _traced_gemms(st: Stage, block: BlockProfile, how: str, hw: Hardware, precision: str, elem: float, base: str,
-                  a: float, chunks: int = 1) -> tuple[float, float, float, float]:
+                  a: float, chunks: int = 1, saves_no_matmul: bool = False) -> tuple[float, float, float, float]:
     """Forward and backward GEMM time of one traced block: each of its linears at its traced shape, split as the
-    plan says; under the per-op policy every other one (in the order they ran) recomputed. Its routed experts (no
-    linears of their own) as one GEMM of their traced forward FLOPs, in bf16, whole on every tp rank."""
+    plan says; under the per-op policy every other one (in the order they ran) recomputed, or every one but the
+    last where the policy keeps none of them (`saves_no_matmul`, an NVFP4 block). Its routed experts (no linears
+    of their own) as one GEMM of their traced forward FLOPs, in bf16, whole on every tp rank."""
     t = st.tokens
     fwd = bwd = gathered = scattered = 0.0
+    last = len(block.gemms) - 1
     for i, g in enumerate(block.gemms):
         fan_in, fan_out = g.fans(st.cfg.tp)
         one, dgrad, wgrad = (g.count * x for x in linear_parts(hw, precision, t, fan_in, fan_out, elem,
                                                                 chunks if g.split else 1))
-        again = how == "block" or (how == "op" and i % 2)  # the op policy keeps every other matmul's output
+        # The op policy keeps every other matmul's output.
+        again = how == "block" or (how == "op" and (i < last if saves_no_matmul else i % 2))
         fwd += one
         bwd += dgrad + wgrad + (one if again else 0.0)
         w_g, w_s = _split_windows(g.split, how, again, one, dgrad, wgrad)
