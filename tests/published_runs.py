@@ -29,6 +29,15 @@ Sources (each row names its table):
   pytorch/ao PR 3566). "Peak Memory (GB)" is torchtitan's max reserved, which it logs in GiB. That commit calls
   SDPA's cuDNN kernel first on compute capability 10.0 (models/attention.py), and its per-op `_save_list`
   (models/llama3/infra/parallelize.py) names the flash and efficient kernels only: attention recomputed.
+- titan-2608-nvfp4: torchtitan components/quantization/nvfp4.md, "Llama 3 8B 200M-Token Evidence" (torchtitan PR
+  3914, bcc09297a, August 2026; torch 2.14.0a0+gitd9abf9e, CUDA 13.3, torchao 0.18): "4× NVIDIA GB200, 184.3 GiB
+  HBM each" (the PR), FSDP 4, local batch 32, seq 2048, compile (the model only: `CompileConfig(components=
+  ["model"])`), the per-op selective policy (`SelectiveAC`, llama3_8b's default; its save list names SDPA's cuDNN
+  kernel since torchtitan 114151ad4, March 2026), the loss chunked in 8 (`ChunkedLossWrapper`, llama3_8b's loss,
+  uncompiled), q, k and v one linear (`fuse_qkv=True`, the llama3 models' default from 3396a4b37, June 2026); BF16,
+  MXFP8 (`llama3_8b_mxfp8`, bf16 all-gather) and NVFP4 with the last 15% of blocks in bf16
+  (`llama3_8b_first_85_pct_layers_nvfp4`). "Memory" is torchtitan's max reserved GiB. The doc's figures, not the PR
+  description's earlier NVFP4 run (31,758 tokens/s, 103.00 GiB).
 - ao-f8-h100 (held out): torchao docs/source/workflows/training.md, "NVIDIA H100" (first published in
   torchao/float8/README.md by pytorch/ao PR 1793, March 2025; torch 2.7.0a0+gitb98af95, torchao 0.10.0+git890e0ac8
   of 2025-02-28, torchtitan 0.0.2): 8 H100s, Llama3-8B, batch 1, seq 8192, compile, FSDP2, per-op SAC; bf16,
@@ -37,6 +46,12 @@ Sources (each row names its table):
   a 95 GiB device. torchtitan compiled no loss then (components/loss.py from 3aff9bd9e, Feb 2025: "compiling loss
   function causes CUDA errors, turning off for now"; compiled again from bbb1b616e, 2 April 2025), and torchao's
   linears saved bf16 inputs (PR 1461, January 2025): the default Features.
+- titan-2608-qwen3 (held out): the same doc's "Qwen3 8B 200M-Token Evidence", random initialization: FSDP 4, local
+  batch 16, seq 2048, on the same GB200s (its "42.67%" of 78.63 GiB is their 184.3 GiB); BF16, MXFP8, NVFP4 with
+  layers 30-35 in bf16. Launched from configs the doc does not give (the NVFP4 one, qwen3_8b_first_85_pct_layers_nvfp4,
+  is sft_qwen3_8b_math's: per-op SAC, the loss in 8 chunks, compile of the model, varlen attention), and expressed
+  with transformers' Qwen3 built from Qwen/Qwen3-8B's config.json shape and traced: q, k and v apart, where
+  torchtitan's qwen3 fuses them.
 - bridge-2511: Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo Container", pre-training (DGX-H100,
   DGX-B200, DGX-GB200, DGX-GB300): Megatron-Core with Transformer Engine, FP8 current scaling (per tensor, as
   torchao's tensorwise) or MXFP8, seq 8192, TP with sequence parallel; no recomputation; Megatron's distributed
@@ -61,6 +76,9 @@ COMPILED_LOSS = Features(compile_loss=True)
 COMPILED_LOSS_TP = Features(compile_loss=True, loss_parallel=True)
 # torchtitan 6fc499f on Blackwell: SDPA's cuDNN kernel first, which its per-op save list does not name.
 COMPILED_LOSS_CUDNN = Features(compile_loss=True, op_keeps_attention=False)
+# torchtitan of August 2026: the loss (uncompiled) in 8 chunks; its llama3 with q, k and v in one linear.
+CHUNKED_LOSS = Features(loss_chunks=8)
+TITAN_2608 = Features(loss_chunks=8, fused_qkv=True)
 
 
 @dataclass(frozen=True)
@@ -81,12 +99,14 @@ class Run:
 
 def titan(preset: str, gpus: int, local_batch: int, recompute: str, *, tp: int = 1, pp: int = 1, cp: int = 1,
           seq_len: int = 8192, compile: bool = True, precision: str = "bf16", async_tp: bool = False,
-          fp8_all_gather: bool = True, schedule: str = "1f1b") -> wb.Config:
+          fp8_all_gather: bool = True, schedule: str = "1f1b", model: wb.HFModel | None = None) -> wb.Config:
     """A torchtitan llama3 run as launched: FSDP over dp·cp (zero 3, or 2 under a pipeline), FSDP2's bf16 mixed
-    precision, local batch `local_batch` per dp rank, pp micro-batches and torchtitan's split of the layers."""
-    model = wb.ModelConfig.preset(preset)
-    if seq_len > model.max_seq_len:
-        model = dataclasses.replace(model, max_seq_len=seq_len)
+    precision, local batch `local_batch` per dp rank, pp micro-batches and torchtitan's split of the layers.
+    `model`: another architecture than the llama3 `preset`, traced."""
+    if model is None:
+        model = wb.ModelConfig.preset(preset)
+        if seq_len > model.max_seq_len:
+            model = dataclasses.replace(model, max_seq_len=seq_len)
     dp = gpus // (tp * pp * cp)
     stages = pp * (2 if schedule == "interleaved_1f1b" else 1)
     split = wb.lighter_ends(model.n_layers, stages) if pp > 1 and model.n_layers % stages else ()
@@ -175,11 +195,35 @@ TORCHTITAN = (
           ("bf16", "bf16", False, 8307.5, 33.71), ("Float8 (fp8 all-gather)", FP8, True, 10417.0, 33.38),
           ("mxfp8_cublas", MX, False, 9969.0, 33.88), ("mxfp8_cublas_rceil", MX, False, 9642.0, 33.88),
           ("Float8 rowwise", ROW, False, 8640.5, 33.72))],
+    # titan-2608-nvfp4: 8B, FSDP 4 on GB200s, local batch 32 at seq 2048, per-op SAC, compile, loss in 8 chunks.
+    *[Run(f"8B FSDP 4 on GB200 {label}", "titan-2608-nvfp4",
+          titan("8b", 4, 32, "op", seq_len=2048, precision=precision, fp8_all_gather=False), "gb200", tps, gib,
+          features)
+      for label, precision, features, tps, gib in (
+          ("bf16", "bf16", TITAN_2608, 21919, 174.49), ("MXFP8", MX, TITAN_2608, 28084, 179.94),
+          ("NVFP4, last 15% bf16", "bf16", dataclasses.replace(TITAN_2608, nvfp4=0.85), 30040, 110.95))],
 )
+
+
+def qwen3_8b() -> wb.HFModel:
+    """Qwen/Qwen3-8B's architecture (its config.json), built by transformers offline and traced by the estimator."""
+    from transformers import Qwen3Config
+
+    return wb.HFModel(Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                                  tie_word_embeddings=False, max_position_embeddings=40960, rope_theta=1e6,
+                                  rms_norm_eps=1e-6))
 
 HELD_OUT = (
     # torchtitan docs/performance.md before Dec 2024 (commit d4c86e3): 64 A100 80 GB, 8B, local batch 1, per-op SAC.
     Run("torchtitan 8B FSDP 64 on A100", "titan-2408", titan("8b", 64, 1, "op", compile=False), "a100", 2973),
+    # titan-2608-qwen3: Qwen3 8B, FSDP 4 on GB200s, local batch 16 at seq 2048, per-op SAC, compile, loss in 8 chunks.
+    *[Run(f"torchtitan Qwen3 8B FSDP 4 on GB200 {label}", "titan-2608-qwen3",
+          titan("8b", 4, 16, "op", seq_len=2048, precision=precision, fp8_all_gather=False, model=qwen3_8b()),
+          "gb200", tps, gib, features)
+      for label, precision, features, tps, gib in (
+          ("bf16", "bf16", CHUNKED_LOSS, 20913, 112.88), ("MXFP8", MX, CHUNKED_LOSS, 27587, 112.63),
+          ("NVFP4, layers 30-35 bf16", "bf16", dataclasses.replace(CHUNKED_LOSS, nvfp4=30 / 36), 26732, 78.63))],
     # ao-f8-h100: 8B, FSDP 8 on torchtitan's 96 GB H100s, batch 1, per-op SAC, compile (not the loss).
     *[Run(f"torchao 8B FSDP 8 (H100) {label}", "ao-f8-h100",
           titan("8b", 8, 1, "op", precision=precision, fp8_all_gather=gather), H100, tps, gib)
