@@ -103,10 +103,10 @@ def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
     raise ValueError(f"no cast model for recipe {recipe!r}")
 
 
-def block_converts(st: Stage, recipe: str) -> list[bool]:
-    """Of the built-in block's seven linears (`Stage.block_linears`' order), which run in low precision. A mixture
-    of experts' shared expert has the dense FFN's shapes, so w1's entry (index 4) answers for it."""
-    return [converts(fan_in, fan_out, recipe) for fan_in, fan_out in st.block_linears(whole=True)]
+def block_converts(st: Stage, recipe: str, fused_qkv: bool = False) -> list[bool]:
+    """Of the built-in block's seven linears (`Stage.block_linears`' order; five with `fused_qkv`), which run in
+    low precision. A mixture of experts' shared expert has the dense FFN's shapes, so w1's entry answers for it."""
+    return [converts(fan_in, fan_out, recipe) for fan_in, fan_out in st.block_linears(True, fused_qkv)]
 
 
 def converted_linears(st: Stage, moe: bool = False, recipe: str = "",
@@ -116,10 +116,7 @@ def converted_linears(st: Stage, moe: bool = False, recipe: str = "",
     whose dims are multiples of config's `CONVERTED_MULTIPLE[recipe]`): all seven of a dense block; attention's four and the
     shared expert's three of a mixture of experts, whose FFN runs whole on every tp rank. `fused_qkv`: wq, wk and
     wv one linear (`Features.fused_qkv`)."""
-    kept, linears, m = block_converts(st, recipe), st.block_linears(), st.shape
-    if fused_qkv:
-        (d, q), (_, kv) = linears[0], linears[1]
-        linears, kept = [(d, q + 2 * kv), *linears[3:]], [kept[0], *kept[3:]]
+    kept, linears, m = block_converts(st, recipe, fused_qkv), st.block_linears(fused_qkv=fused_qkv), st.shape
     attention = len(linears) - 3
     converted = [(1, fan_in, fan_out) for (fan_in, fan_out), k in zip(linears[:attention] if moe else linears, kept)
                  if k]

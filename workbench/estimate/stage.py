@@ -126,11 +126,15 @@ class Stage:
         embedding output), else 4 (fp32, also under autocast: the embedding's output and the adds are fp32)."""
         return 2 if self.cfg.mixed_precision == "fsdp" else 4
 
-    def block_linears(self, whole: bool = False) -> list[tuple[int, int]]:
+    def block_linears(self, whole: bool = False, fused_qkv: bool = False) -> list[tuple[int, int]]:
         """(fan-in, fan-out) on this rank of the built-in block's seven linears, in the order they run: wq, wk, wv,
         wo, w1, w3, w2 (the first four attention's, the last three its dense FFN's); `whole`: as the model declares
-        them, before tensor parallel splits them."""
-        return block_linears(self.shape, 1 if whole else self.cfg.tp)
+        them, before tensor parallel splits them; `fused_qkv`: wq, wk and wv as one linear, wqkv (five linears)."""
+        linears = block_linears(self.shape, 1 if whole else self.cfg.tp)
+        if fused_qkv:
+            (d, q), (_, kv) = linears[0], linears[1]
+            linears = [(d, q + 2 * kv), *linears[3:]]
+        return linears
 
     def is_checkpointed(self, layer: int) -> bool:
         return layer in self.checkpointed_layers

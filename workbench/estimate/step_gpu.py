@@ -178,12 +178,10 @@ def _block_gemms(st: Stage, moe: bool, how: str, hw: Hardware, precision: str, e
     (`_split_windows`). `saves_no_matmul`: the per-op policy keeps none of its matmuls' outputs (an NVFP4 block),
     so backward runs every forward GEMM again but w2's, whose output only joins the residual sum."""
     t = st.tokens
-    linears = st.block_linears()
-    low = block_converts(st, recipe)
-    recomputed_op = {1, 3, 5}  # wk, wo, w3 among wq, wk, wv, wo, w1, w3, w2
-    if fused_qkv:  # one linear of wq's, wk's and wv's fan-outs: wqkv, wo, w1, w3, w2, of which wo and w3 again
-        (d, q), (_, kv) = linears[0], linears[1]
-        linears, low, recomputed_op = [(d, q + 2 * kv), *linears[3:]], [low[0], *low[3:]], {1, 3}
+    linears, low = st.block_linears(fused_qkv=fused_qkv), block_converts(st, recipe, fused_qkv)
+    # The per-op policy runs every other matmul again: wk, wo, w3 of wq, wk, wv, wo, w1, w3, w2 (wo, w3 of wqkv, wo,
+    # w1, w3, w2).
+    recomputed_op = {1, 3} if fused_qkv else {1, 3, 5}
     if saves_no_matmul:
         recomputed_op = set(range(len(linears) - 1))
     row_parallel = {len(linears) - 4, len(linears) - 1}  # wo and w2: their outputs reduce-scattered
