@@ -18,14 +18,14 @@ torchao/float8/float8_linear.py and torchao/prototype/mx_formats; inductor fuses
   torchao/float8/float8_ops.py, in every release from PR 1325, Nov 2024, to 0.13), which under compile is "at least
   one extra triton kernel per GEMM" (pytorch/ao issue 2184): each input gradient and weight gradient read and
   written once more (2a bytes an element);
-- a scale per block of 32 (MX, OCP microscaling) or 16 (NVFP4) along the reduction dim: each block's maximum and
-  cast in one pass, along rows or, for the weight gradient, columns (torchao's dim-1 cast kernel writes the transposed
-  layout itself): a + 1 (a + 0.5 for 4-bit elements) plus a scale byte per block; NVFP4 adds one per-tensor amax
-  (its second-level scale), a read.
+- a scale per block of 32 (MX, OCP microscaling) along the reduction dim: each block's maximum and cast in one
+  pass, along rows or, for the weight gradient, columns (torchao's dim-1 cast kernel writes the transposed layout
+  itself): a + 1 plus a scale byte per block.
 
-NVFP4's casts are torchao's Triton kernels (`nvfp4_mm_triton`, its default KernelPreference.TRITON), whose
-measured times `nvfp4_cast_time` takes instead of bytes at the memory's rate: a randomized Hadamard transform
-before quantizing, and stochastic rounding in backward, run them at a fifth to a third of the HBM rate.
+NVFP4's casts (a scale per block of 16, and one per tensor) are torchao's Triton kernels (`nvfp4_mm_triton`, its
+default KernelPreference.TRITON), whose measured times `nvfp4_cast_time` takes instead of bytes at the memory's
+rate: a randomized Hadamard transform before quantizing, and stochastic rounding in backward, run them at a fifth
+to a third of the HBM rate.
 
 Which operands are cast once: a block's projections share their input (wq, wk, wv; w1, w3), which compiled code
 casts once (the three identical casts are one expression to inductor) and torchao's Float8 tensor-parallel styles
@@ -39,8 +39,8 @@ from workbench.config import converts
 from workbench.estimate.options import Dtypes
 from workbench.estimate.stage import Stage
 
-SCALE_BLOCK = {"mx": 32, "nvfp4": 16}
-"""Elements per scale along the reduction dim: OCP MX formats' 32; NVFP4's 16 (an fp8 e4m3 scale each)."""
+MX_SCALE_BLOCK = 32
+"""Elements per scale along the reduction dim of the OCP MX formats (an e8m0 scale each)."""
 
 
 def _per_element(small: tuple[int, float], large: tuple[int, float]) -> tuple[float, float]:
@@ -97,9 +97,7 @@ def _pass_bytes(recipe: str, a: int, along_tokens: bool) -> float:
     if recipe == "rowwise":
         return 2 * a + 1 if along_tokens else a + 1
     if recipe == "mx":
-        return a + 1 + 1 / SCALE_BLOCK["mx"]
-    if recipe == "nvfp4":
-        return a + a + 0.5 + 1 / SCALE_BLOCK["nvfp4"]
+        return a + 1 + 1 / MX_SCALE_BLOCK
     raise ValueError(f"no cast model for recipe {recipe!r}")
 
 
@@ -128,9 +126,10 @@ def converted_linears(st: Stage, moe: bool = False, recipe: str = "",
 def cast_bytes(st: Stage, dt: Dtypes, recipe: str, linears: list[tuple[int, int, int]] | None = None,
                moe: bool = False, fused_qkv: bool = False) -> tuple[float, float]:
     """Bytes per token one block's casts move, (forward, backward), on this rank; a recomputed block's
-    recomputation costs its forward again. `recipe`: dt.recipe, or "nvfp4". `linears`: a traced block's (count,
-    fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's (`converted_linears`;
-    `moe`: its FFN a mixture of experts; `fused_qkv`: q, k and v one linear, its input cast once)."""
+    recomputation costs its forward again. `recipe`: dt.recipe (NVFP4's are `nvfp4_cast_time`). `linears`: a
+    traced block's (count, fan-in, fan-out) on this rank, each input cast on its own; None: the built-in block's
+    (`converted_linears`; `moe`: its FFN a mixture of experts; `fused_qkv`: q, k and v one linear, its input cast
+    once)."""
     tp, a = st.cfg.tp, dt.compute
     if linears is None and not all(block_converts(st, recipe)):
         # Some linears stay in bf16: each converted one casts its input on its own.

@@ -70,7 +70,7 @@ def elementwise_bytes(st: Stage, dt: Dtypes, features: Features) -> float:
     parallel DTensor's gathers and reduce-scatters along the sequence dim copy the gathered tensor once (2·D each).
     Compiled (torch.compile per block, Features.compile): each fused region reads its inputs and writes its
     outputs once: norm (r + a)·D, rotary 2a per element, add + norm 2(r + a)·D, silu·product 3a·F, the last add.
-    The casts of 8-bit and 4-bit linears are `low_precision.cast_bytes`, counted apart."""
+    The casts of 8-bit and 4-bit linears are `low_precision.cast_bytes` and `nvfp4_cast_time`, counted apart."""
     m, tp, a, r = st.shape, st.cfg.tp, dt.compute, dt.residual
     d, kv, f = m.dim, m.kv_heads * m.head_dim, m.hidden_dim
     if dt.fused:
