@@ -194,7 +194,8 @@ class Plan:
                          "bf16": cfg.mixed_precision if cfg.precision in ("bf16", *FP8) else "-",
                          "step": f"{e.step_time_s * 1e3:,.0f} ms",
                          "tokens/s/GPU": f"{e.tokens_per_s / cfg.world_size:,.0f}", "MFU": f"{e.mfu:.0%}",
-                         "memory/rank": si(e.memory.total, "B"), "headroom": si(e.headroom, "B")})
+                         "memory/rank": si(e.memory.total, "B"),
+                         "headroom": "tight" if e.tight else si(e.headroom, "B")})
         return rows
 
     def table(self, n: int = 10) -> str:
@@ -212,8 +213,10 @@ class Plan:
         else:
             lines.append("no layout fits")
         total = len(self.ranked) + len(self.refused)
-        lines.append(f"{len(self.ranked)} of {total} layouts fit; refused: "
-                     + ", ".join(f"{k} {v}" for k, v in self.refusal_summary().items()))
+        tight = sum(c.estimate.tight for c in self.ranked)
+        lines.append(f"{len(self.ranked)} of {total} layouts fit"
+                     + (f" ({tight} tight: only as the allocator gives back its cache, ranked last)" if tight else "")
+                     + "; refused: " + ", ".join(f"{k} {v}" for k, v in self.refusal_summary().items()))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -276,7 +279,8 @@ def plan(model: ModelConfig | str, hardware: str | Hardware = "h100", gpus: int 
             refused.append(Candidate(choice, None, None, f"invalid: {e}"))
             continue
         ranked.append(Candidate(choice, cfg, est, est.memory))
-    ranked.sort(key=lambda c: (c.step_time_s, c.estimate.memory.total))
+    # A layout that fits only as the allocator gives back its cache (`Estimate.tight`) after every one with room.
+    ranked.sort(key=lambda c: (c.estimate.tight, c.step_time_s, c.estimate.memory.total))
     return Plan(inputs, hw, efficiency, tuple(ranked), tuple(refused), features, model_params)
 
 

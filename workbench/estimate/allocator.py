@@ -28,15 +28,21 @@ NCCL_CHANNELS = 16
 systems; an assumption within NCCL_MAX_NCHANNELS' default of 32)."""
 
 
+def with_fragments(allocated: int) -> int:
+    """What the caching allocator holds when tensors hold `allocated` bytes at its peak, its free fragments
+    (`FRAGMENTATION`) beside them, where the device has room for them."""
+    return round(allocated / (1 - FRAGMENTATION))
+
+
 def reserved(allocated: int, device_bytes: int | None = None) -> int:
     """What the caching allocator reserves when tensors hold `allocated` bytes at its peak, on a device of
     `device_bytes` (what the process may allocate beyond the CUDA context and NCCL; None: no limit).
 
     Never more than the device: when cudaMalloc fails, the allocator frees its cached blocks that no tensor uses
     and tries again (torch's CUDACachingAllocator, `release_cached_blocks`; memory_stats counts it in
-    num_alloc_retries), so a peak whose tensors fit reserves at most the device, the fragments given back. A peak
-    whose tensors alone do not fit is reported as the model prices it."""
-    wanted = round(allocated / (1 - FRAGMENTATION))
+    num_alloc_retries), so a peak whose tensors fit reserves at most the device, the fragments given back (a
+    "tight" fit: `Estimate.tight`). A peak whose tensors alone do not fit is reported as the model prices it."""
+    wanted = with_fragments(allocated)
     if device_bytes is None or allocated > device_bytes:
         return wanted
     return min(wanted, device_bytes)

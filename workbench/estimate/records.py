@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from workbench.estimate.allocator import with_fragments
 from workbench.estimate.options import NO_FEATURES, Features
 from workbench.hardware import si
 
@@ -184,6 +185,15 @@ class Estimate:
         return self.memory.total <= self.hardware.memory_bytes
 
     @property
+    def tight(self) -> bool:
+        """Whether it fits only as the caching allocator gives back its cache: its tensors fit the device, but not
+        beside the free fragments the model prices (`allocator.FRAGMENTATION`). It runs, each cudaMalloc that fails
+        first freeing the allocator's unused blocks and trying again (a device-wide synchronisation: memory_stats'
+        num_alloc_retries), unless expandable segments keep the fragments smaller."""
+        m = self.memory
+        return self.fits and bool(m.allocated) and with_fragments(m.allocated) + m.runtime > self.hardware.memory_bytes
+
+    @property
     def headroom(self) -> int:
         """Device bytes left at the peak (negative: how much is missing)."""
         return round(self.hardware.memory_bytes - self.memory.total)
@@ -258,7 +268,8 @@ def render(est: Estimate) -> str:
     ]
     for name in CATEGORIES:
         lines.append(f"  {name:<12} {si(getattr(mem, name), 'B'):>10}")
-    verdict = "fits" if est.fits else "DOES NOT FIT"
+    verdict = ("fits, tight (the caching allocator must give back its cache)" if est.tight
+               else "fits" if est.fits else "DOES NOT FIT")
     if mem.allocated:
         lines.append(f"  {'allocated':<12} {si(mem.allocated, 'B'):>10}  at its peak ({mem.peak_at})")
         lines.append(f"  {'reserved':<12} {si(mem.reserved, 'B'):>10}  by the caching allocator, "
