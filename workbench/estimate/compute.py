@@ -31,7 +31,7 @@ def executed_flops(st: Stage, features: Features = NO_FEATURES) -> float:
         # w1, w3, w2), and attention where it does not keep it.
         kv = m.dim * m.kv_heads * m.head_dim
         again = op_recomputed_params(m) - (kv if features.fused_qkv else 0)
-        fp4 = 0 if m.n_experts else sum(i < features.nvfp4_blocks(m.n_layers) for i in st.layers)
+        fp4 = 0 if m.n_experts else sum(features.runs_nvfp4(i, m.n_layers) for i in st.layers)
         per_token += (len(st.layers) - fp4) * 2 * again + fp4 * 2 * (block_full - m.hidden_dim * m.dim)
         per_token += 0 if features.op_keeps_attention else len(st.layers) * attn_fwd
     replicated = 0  # per token, computed whole on every tp rank

@@ -86,9 +86,10 @@ class Features:
             on.append("fused qkv")
         return "+".join(on) if on else "none"
 
-    def nvfp4_blocks(self, n_layers: int) -> int:
-        """How many of a model's `n_layers` blocks, the first ones, run NVFP4 (`nvfp4`)."""
-        return round(self.nvfp4 * n_layers)
+    def runs_nvfp4(self, layer: int, n_layers: int) -> bool:
+        """Whether block `layer` of a model of `n_layers` runs NVFP4: the first `nvfp4` share of them (torchtitan's
+        recipe keeps the last blocks bf16)."""
+        return layer < round(self.nvfp4 * n_layers)
 
 
 NO_FEATURES = Features()

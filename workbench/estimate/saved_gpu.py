@@ -52,7 +52,7 @@ def whole_block(st: Stage, dt: Dtypes, features: Features) -> int:
 def _kind(st: Stage, features: Features, layer: int) -> tuple[str, bool, bool]:
     """What decides what block `layer` saves: its policy, whether its FFN is a mixture of experts, whether its
     linears run NVFP4."""
-    return policy(st, layer), st.shape.is_moe_layer(layer), layer < features.nvfp4_blocks(st.shape.n_layers)
+    return policy(st, layer), st.shape.is_moe_layer(layer), features.runs_nvfp4(layer, st.shape.n_layers)
 
 
 def _example(st: Stage, features: Features, layers: tuple[int, ...], kind: tuple[str, bool, bool]) -> int:

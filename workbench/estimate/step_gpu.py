@@ -97,13 +97,11 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     fp4_fwd = fp4_bwd = 0.0  # NVFP4's casts, in seconds (`nvfp4_cast_time`)
     fwd_flops = attention_forward_flops(t, cfg.seq_len, m.n_heads // tp, m.head_dim)
     traced = st.profile
-    n_layers = len(traced.blocks) if traced else m.n_layers
-    nvfp4_blocks = features.nvfp4_blocks(n_layers)  # the first blocks (torchtitan's recipe keeps the last bf16)
     # Async TP multiplies the sequence's tp shards as they arrive (and sends the output's as they are done).
     chunks = tp if cfg.async_tp else 1
     # Blocks alike (same recomputation, kind and linears' format) cost alike: one of each kind, times how many.
     kinds = Counter((policy(st, layer), traced.blocks[layer] if traced else m.is_moe_layer(layer),
-                     layer < nvfp4_blocks) for layer in st.layers)
+                     features.runs_nvfp4(layer, m.n_layers)) for layer in st.layers)
     for (how, kind, fp4), count in kinds.items():
         precision, elem = gemm_precision_of(dt, base, fp4)
         recipe = "nvfp4" if fp4 else dt.recipe
