@@ -91,7 +91,7 @@ def trace(build: Callable[[], nn.Module], *, seq_len: int, precision: str = "fp3
     mode = FakeTensorMode()
     default = torch.get_default_dtype()
     try:
-        if precision == "bf16_params":  # built in bf16: fake parameters cannot be swapped for a cast afterwards
+        if precision == "bf16_params":  # built in bf16, and what the model makes at the default dtype with it
             torch.set_default_dtype(torch.bfloat16)
         with mode:
             # A model that builds in its own dtype (transformers' from_config takes fp32) has its parameters
