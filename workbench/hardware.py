@@ -214,10 +214,15 @@ B200 = Hardware(
     # cuBLAS on a B200 in June 2025 (torch nightly, the stack of torchao's B200 table): an 8192³ bf16 GEMM at
     # 1.42 PFLOP/s, 63.1% of peak, and an NVFP4 one at 5.37 PFLOP/s, 59.7% (pytorch/ao PR 2427,
     # benchmarks/float8/bench_matmul.py); the H100's bf16 share is 80%, its fp8 share 71%. vLLM's B200 bf16 GEMMs
-    # agree (vllm-project/vllm PR 19566, 2025: 1,444 to 1,513 TFLOP/s, 64-67%, at 2,048 to 16,384 rows). The NVFP4
-    # figure is for NVFP4 alone: no fp8 or MXFP8 GEMM was measured on a B200 of that stack; they keep Hopper's share.
+    # agree (vllm-project/vllm PR 19566, 2025: 1,444 to 1,513 TFLOP/s, 64-67%, at 2,048 to 16,384 rows). cuBLAS's
+    # MXFP8 GEMM (block-scaled, the kernel torchao's and Transformer Engine's MXFP8 linears call) on a B200 at its
+    # default power, 8192³: 2,850 TFLOP/s, 63.3% of the fp8 peak (triton-lang/triton PR 9044, December 2025, cuBLAS
+    # 13.1.0.3, torch 2.10.0.dev20251205: ten runs in 3,858 µs, kernel nvjet_sm100_qqhsh_128x256_..._Avec32UE8M0;
+    # PR 9697, March 2026: 2,894.5 TFLOP/s at 8192³). No tensorwise or rowwise fp8 GEMM was measured on a B200 at a
+    # large shape: "fp8" keeps Hopper's share.
     gemm_efficiency=2 * 8192**3 / 7.74e-4 / (2250 * TFLOPS),
-    low_precision_gemm_efficiency={"nvfp4": 2 * 8192**3 / 2.05e-4 / (9000 * TFLOPS)},
+    low_precision_gemm_efficiency={"nvfp4": 2 * 8192**3 / 2.05e-4 / (9000 * TFLOPS),
+                                   "mxfp8": 2 * 8192**3 / (3858.095e-6 / 10) / (4500 * TFLOPS)},
     attention_efficiency=FLASH_ATTENTION_H100,
     cluster="b200-ib",
     rated_power_w=1000,
@@ -228,7 +233,7 @@ GB200 = Hardware(
     # FP8/FP6 720, FP16/BF16 360, TF32 180 PFLOPS (sparse), FP32 6,480 TFLOPS; up to 13.4 TB HBM3e at 576 TB/s;
     # 130 TB/s of NVLink: per GPU 10 / 5 / 2.5 / 1.25 PFLOP/s dense, 90 TFLOP/s FP32, 186 GB at 8 TB/s, 1.8 TB/s
     # NVLink, the B200 at 1,200 W. All 72 GPUs share one NVLink domain (`links` preset "gb200-nvl72"). Its GPU is
-    # the B200's, so cuBLAS's shares of peak measured on the B200 are its own (`B200` below). Its memory is what
+    # the B200's, so cuBLAS's shares of peak measured on the B200 are its own (`B200` above). Its memory is what
     # the device reports, above the datasheet's 186 GB: nvidia-smi shows 189,471 MiB, torch "a total capacity of
     # 184.31 GiB" (its out-of-memory message on GB200s), and torchtitan's GB200 runs reserved up to 179.94 GiB,
     # "97.6%" (torchtitan PR 3914, 2026).

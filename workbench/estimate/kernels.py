@@ -33,8 +33,8 @@ FP8_GEMM_EFFICIENCY = 1404 / 1979
 """An fp8 GEMM's fraction of the fp8 peak: 1,404 TFLOP/s for m 4096, n 7168, k 16384 on an H800 SXM (the H100 SXM's
 compute, 1,979 dense fp8) with 128 × 128 tiles, deepseek-ai/DeepGEMM PR 74 (2025, its "Base" column): 71%, below
 bf16's 80% (GEMM_EFFICIENCY): fp8 tensor cores finish a k-tile in half the time, so feeding them (loads, the
-scales' epilogue) takes a larger share. Taken for every 8-bit and 4-bit format (MX and NVFP4 on Blackwell: no
-measurement of their own here)."""
+scales' epilogue) takes a larger share. Taken for every 8-bit and 4-bit format a device has no measurement of its
+own for (`Hardware.low_precision_gemm_efficiency`: the B200's MXFP8 and NVFP4)."""
 FP8_MEASURED_SHAPE = (4096, 7168)
 """The output shape behind FP8_GEMM_EFFICIENCY, whose wave efficiency is divided out likewise."""
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
