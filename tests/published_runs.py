@@ -35,7 +35,8 @@ Sources (each row names its table):
   ["model"])`), the per-op selective policy (`SelectiveAC`, llama3_8b's default; its save list names SDPA's cuDNN
   kernel since torchtitan 114151ad4, March 2026), the loss chunked in 8 (`ChunkedLossWrapper`, llama3_8b's loss,
   uncompiled), q, k and v one linear (`fuse_qkv=True`, the llama3 models' default from 3396a4b37, June 2026); BF16,
-  MXFP8 (`llama3_8b_mxfp8`, bf16 all-gather) and NVFP4 with the last 15% of blocks in bf16
+  MXFP8 (`llama3_8b_mxfp8`, bf16 all-gather; its converter, given no module names, converts the LM head too:
+  `Features.low_precision_head`) and NVFP4 with the last 15% of blocks in bf16
   (`llama3_8b_first_85_pct_layers_nvfp4`). "Memory" is torchtitan's max reserved GiB. The doc's figures, not the PR
   description's earlier NVFP4 run (31,758 tokens/s, 103.00 GiB).
 - ao-f8-h100 (held out): torchao docs/source/workflows/training.md, "NVIDIA H100" (first published in
@@ -200,7 +201,8 @@ TORCHTITAN = (
           titan("8b", 4, 32, "op", seq_len=2048, precision=precision, fp8_all_gather=False), "gb200", tps, gib,
           features)
       for label, precision, features, tps, gib in (
-          ("bf16", "bf16", TITAN_2608, 21919, 174.49), ("MXFP8", MX, TITAN_2608, 28084, 179.94),
+          ("bf16", "bf16", TITAN_2608, 21919, 174.49),
+          ("MXFP8", MX, dataclasses.replace(TITAN_2608, low_precision_head=True), 28084, 179.94),
           ("NVFP4, last 15% bf16", "bf16", dataclasses.replace(TITAN_2608, nvfp4=0.85), 30040, 110.95))],
 )
 

@@ -293,6 +293,30 @@ def test_fused_qkv_keeps_one_projection_output_and_recomputes_wo_and_w3_only():
                       traced=traced_profile(EIGHT_B, 8192, "bf16_params"))
 
 
+def test_an_8bit_head_multiplies_at_the_formats_rate_and_casts_its_input_and_the_logits_gradient():
+    # torchtitan's MXFP8 converter, given no module names, converts every Linear.Config, the LM head's included
+    # (llama3_8b_mxfp8, 2026): the head's three GEMMs at the MXFP8 rate (1-byte operands) instead of bf16, and its
+    # input (D a token) and the logits' gradient (V) each cast once along its rows and once along the tokens, a
+    # + 1 bytes and a scale byte per 32 elements each pass.
+    from workbench.estimate.kernels import linear_time, memory_time
+    from workbench.estimate.step_gpu import micro_batch_compute
+
+    cfg = wb.Config(model=EIGHT_B, dp=4, zero=3, precision="mxfp8", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=2048, batch_size=128)
+    st = stage_shapes(cfg)[0]
+    dt = dtypes(cfg, Features())
+    bf16_head, mx_head = (micro_batch_compute(st, dt, Features(low_precision_head=h), GB200) for h in (False, True))
+    t, d, v = st.tokens, EIGHT_B.dim, EIGHT_B.vocab_size
+    assert bf16_head.gemm - mx_head.gemm == pytest.approx(
+        linear_time(GB200, "bf16", t, d, v, 2) - linear_time(GB200, "mxfp8", t, d, v, 1), rel=1e-9)
+    assert mx_head.memory_bound - bf16_head.memory_bound == pytest.approx(
+        memory_time(GB200, t * 2 * (d + v) * (2 + 1 + 1 / 32)), rel=1e-9)
+    faster = wb.estimate(cfg, "gb200", features=Features(low_precision_head=True))
+    assert faster.step_time_s < wb.estimate(cfg, "gb200").step_time_s and "8-bit head" in str(faster)
+    with pytest.raises(ValueError, match="low_precision_head runs the head in the Config's 8-bit format"):
+        wb.estimate(cfg.replace(precision="bf16"), "gb200", features=Features(low_precision_head=True))
+
+
 def test_an_nvfp4_block_under_the_op_policy_keeps_its_input_and_attention_and_recomputes_all_but_w2():
     # torchao's NVFP4 linear multiplies with aten._scaled_mm_v2, which the per-op policy's save list does not name
     # (torch's compute-intensive ops: aten.mm, aten._scaled_mm), and compile recomputes what the policy does not

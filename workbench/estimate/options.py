@@ -67,6 +67,12 @@ class Features:
     default from 3396a4b37, June 2026): one GEMM of fan-out q + 2·kv, and the per-op policy, which keeps every
     other matmul's output, counts five matmuls where the built-in block runs seven: wqkv, w1 and w2 kept, wo and
     w3 run again (instead of wq, wv, w1, w2 kept). The built-in model only: a traced model runs its own linears."""
+    low_precision_head: bool = False
+    """The head (the output projection) runs in the Config's 8-bit format too: torchtitan's MXFP8 converter, given
+    no module names, converts every `Linear.Config`, `lm_head` included (`llama3_8b_mxfp8`, bcc09297a, the August
+    2026 GB200 table), where its Float8 recipes and this engine keep the head in bf16. Its three GEMMs run at the
+    format's rate and its input and the logits' gradient are cast as a block linear's are. Needs an 8-bit
+    Config.precision (NVFP4's recipe keeps the head in bf16)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.nvfp4 <= 1.0:
@@ -84,6 +90,8 @@ class Features:
             on.append(f"loss in {self.loss_chunks} chunks")
         if self.fused_qkv:
             on.append("fused qkv")
+        if self.low_precision_head:
+            on.append("8-bit head")
         return "+".join(on) if on else "none"
 
     def runs_nvfp4(self, layer: int, n_layers: int) -> bool:

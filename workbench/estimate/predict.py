@@ -89,6 +89,10 @@ def shaped(cfg: Config, hardware: str | Hardware = "h100", *, features: Features
     if features.nvfp4 and "nvfp4" not in hw.peak_flops:
         raise ValueError(f"Features.nvfp4 models NVFP4 linears, which only Blackwell multiplies; {hw.name} has no "
                          f"nvfp4 rate (it has {sorted(hw.peak_flops)})")
+    if features.low_precision_head and cfg.precision not in FP8:
+        raise ValueError(f"Features.low_precision_head runs the head in the Config's 8-bit format, and precision "
+                         f"{cfg.precision!r} has none: set precision to one of {sorted(FP8)}, or leave the head "
+                         "in bf16 (low_precision_head=False)")
     if features.fused_qkv and traced is not None:
         raise ValueError("Features.fused_qkv fuses the built-in block's q, k and v projections; a traced model's "
                          "linears are those it ran (trace the model with its projections fused instead)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from workbench.config import FP8
+from workbench.config import FP8, converts
 from workbench.estimate.expert import assignments
 from workbench.estimate.kernels import attention_forward_flops, attention_time, linear_parts, linear_time, memory_time
 from workbench.estimate.low_precision import block_converts, cast_bytes, converted_linears, nvfp4_cast_time
@@ -90,7 +90,8 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
     """One micro-batch's kernels on `hw`, for this stage."""
     cfg, m, tp, t = st.cfg, st.shape, st.cfg.tp, st.tokens
     a = dt.compute
-    # 8-bit (and NVFP4) linears run at their format's rate; attention and the head stay in the bf16 beside them.
+    # 8-bit (and NVFP4) linears run at their format's rate; attention stays in the bf16 beside them, and the head
+    # too unless the run converts it (Features.low_precision_head).
     base = "bf16" if cfg.precision in FP8 else cfg.precision
     d = st.profile.dim if st.profile else m.dim
     gemm_fwd = gemm_bwd = attn_fwd = attn_bwd = cast_fwd = cast_bwd = tp_gather = tp_scatter = 0.0
@@ -129,9 +130,15 @@ def micro_batch_compute(st: Stage, dt: Dtypes, features: Features, hw: Hardware)
         recomputed = how == "block" or (how == "op" and not features.op_keeps_attention)
         attn_bwd += count * attention_time(hw, base, fwd_flops, forwards=int(recomputed))
     if st.last:
-        vocab = -(-(traced.vocab_size if traced else m.vocab_size) // tp)
-        gemm_fwd += linear_time(hw, base, t, d, vocab, a, backward=False)
-        gemm_bwd += linear_time(hw, base, t, d, vocab, a, forward=False)
+        whole_vocab = traced.vocab_size if traced else m.vocab_size
+        vocab = -(-whole_vocab // tp)
+        head, elem = base, a
+        if features.low_precision_head and converts(d, whole_vocab, dt.recipe):
+            head, elem = gemm_precision_of(dt, base)
+            c_fwd, c_bwd = cast_bytes(st, dt, dt.recipe, [(1, d, vocab)])
+            cast_fwd, cast_bwd = cast_fwd + t * c_fwd, cast_bwd + t * c_bwd
+        gemm_fwd += linear_time(hw, head, t, d, vocab, elem, backward=False)
+        gemm_bwd += linear_time(hw, head, t, d, vocab, elem, forward=False)
 
     per_block = elementwise_bytes(st, dt, features) * t
     recomputing = sum(policy(st, i) != "none" for i in st.layers)
