@@ -58,6 +58,10 @@ class Hardware:
     attention fractions of peak hold; 0: not stated (no power model)."""
     power_limit_w: float = 0.0
     """The board power limit the device runs under, watts, where it is set below the rating; 0: the rating."""
+    shares_scale: float = 1.0
+    """Where its shares of peak (GEMMs, attention) are those measured on another device with the same GPU: what its
+    rates are of its peaks times those shares, (its maximum compute clock / that device's) / (its peak / that
+    device's), since both run the same tensor cores, each at its own clock. 1: shares of its own peaks."""
 
     @property
     def power_scale(self) -> float:
@@ -75,6 +79,12 @@ class Hardware:
         if not self.rated_power_w or not self.power_limit_w:
             return 1.0
         return min(1.0, self.power_limit_w / self.rated_power_w)
+
+    @property
+    def compute_scale(self) -> float:
+        """What a compute-bound kernel's rate (GEMMs, flash attention) is of its peak times its share: the power
+        limit's `power_scale` times `shares_scale`."""
+        return self.power_scale * self.shares_scale
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s at `precision`; refuses one the device has no figure for. An fp8 recipe
@@ -236,7 +246,12 @@ GB200 = Hardware(
     # the B200's, so cuBLAS's shares of peak measured on the B200 are its own (`B200` above). Its memory is what
     # the device reports, above the datasheet's 186 GB: nvidia-smi shows 189,471 MiB, torch "a total capacity of
     # 184.31 GiB" (its out-of-memory message on GB200s), and torchtitan's GB200 runs reserved up to 179.94 GiB,
-    # "97.6%" (torchtitan PR 3914, 2026).
+    # "97.6%" (torchtitan PR 3914, 2026). Its rates are the B200's at the ratio of their clocks, not of their peaks
+    # (`shares_scale`): nvidia-smi reports a maximum SM clock of 2,062 MHz on a GB200 and 1,965 on a B200
+    # (stas00/ml-engineering, compute/accelerator/README.md, "Clock speed", 2026); the GB200's peaks are its 148 SMs
+    # at 2,062 MHz (8,192 bf16 FLOP a clock each: 2.5 PFLOP/s), the B200's at 1,856 MHz (2.25). The best matmuls
+    # measured on each (the same page's "Maximum Achievable Matmul FLOPS": bf16 1,822 against 1,745 TFLOP/s, fp8
+    # 3,615.6 against 3,432.5) stand 4.4% and 5.3% apart, as the clocks' 4.9%, not the peaks' 11%.
     name="gb200",
     peak_flops={"fp32": 90 * TFLOPS, "tf32": 1250 * TFLOPS, "bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS,
                 "fp8": 5000 * TFLOPS, "mxfp8": 5000 * TFLOPS, "nvfp4": 10000 * TFLOPS},
@@ -248,6 +263,7 @@ GB200 = Hardware(
     gemm_efficiency=B200.gemm_efficiency,
     low_precision_gemm_efficiency=B200.low_precision_gemm_efficiency,
     attention_efficiency=FLASH_ATTENTION_H100,
+    shares_scale=(2062 / 1965) / (2500 / 2250),
     cluster="gb200-nvl72",
     gpus_per_node=72,
     rated_power_w=1200,

@@ -10,7 +10,8 @@ One model for every GPU profile and every layout, its constants cited here and i
 - flash attention at the profile's measured fraction of peak (FlashAttention-2 measured), causal FLOPs
   counted as half the square and the backward as 2.5 forwards, as the FlashAttention papers count them;
 - both are power bound: under a power limit below the device's rating they run at `Hardware.power_scale` of
-  their rate (torchtitan's 500 W H100s);
+  their rate (torchtitan's 500 W H100s); a device whose shares were measured on another with the same GPU runs
+  at its `shares_scale` of them (the GB200 at the B200's rates times the ratio of their clocks);
 - everything else (norms, rotary, activations, residual adds, casts, the loss, the optimizer) is memory bound:
   the bytes it reads and writes at the memory's streaming rate.
 """
@@ -85,7 +86,7 @@ def gemm_time(hw: Hardware, precision: str, m: int, n: int, k: int, elem_bytes: 
 
 def _rate(hw: Hardware, precision: str) -> float:
     """FLOP/s a GEMM of many full waves reaches at `precision`."""
-    return hw.peak(precision) * min(1.0, _intrinsic(hw, precision)) * hw.power_scale
+    return hw.peak(precision) * min(1.0, _intrinsic(hw, precision)) * hw.compute_scale
 
 
 @functools.lru_cache(maxsize=4096)
@@ -138,7 +139,7 @@ def attention_forward_flops(queries: int, seq_len: int, heads: int, head_dim: in
 def attention_time(hw: Hardware, precision: str, forward_flops: float, forwards: int = 1,
                    backward: bool = True) -> float:
     """Seconds of `forwards` flash-attention forwards (a recomputation is one more) and, if asked, a backward."""
-    rate = hw.peak(precision) * (hw.attention_efficiency or _intrinsic(hw)) * hw.power_scale
+    rate = hw.peak(precision) * (hw.attention_efficiency or _intrinsic(hw)) * hw.compute_scale
     return forward_flops * (forwards + (FLASH_BACKWARD_RATIO if backward else 0)) / rate
 
 
