@@ -96,10 +96,6 @@ class Hardware:
         except KeyError:
             raise ValueError(f"{self.name} has no {precision} peak; it has {sorted(self.peak_flops)}") from None
 
-    def gemm_peak(self, precision: str) -> float:
-        """FLOP/s a large GEMM reaches at `precision`: the peak times the achieved fraction."""
-        return self.peak(precision) * (self.gemm_efficiency or GEMM_EFFICIENCY)
-
     def __str__(self) -> str:
         flops = ", ".join(f"{p} {si(v, 'FLOP/s')}" for p, v in self.peak_flops.items())
         how = "measured" if self.measured else "datasheet"
