@@ -75,11 +75,12 @@ DEC_2024 = Features(float8_saves_fp8_inputs=True)
 DEC_2024_TP = Features(loss_parallel=True, float8_saves_fp8_inputs=True)  # torchtitan's default with tp
 COMPILED_LOSS = Features(compile_loss=True)
 COMPILED_LOSS_TP = Features(compile_loss=True, loss_parallel=True)
-# torchtitan 6fc499f on Blackwell: SDPA's cuDNN kernel first, which its per-op save list does not name.
-COMPILED_LOSS_CUDNN = Features(compile_loss=True, op_keeps_attention=False)
+# torchtitan 6fc499f on Blackwell: SDPA's cuDNN kernel first, which its per-op save list does not name; from
+# 83e694105 (July 2025) the embedding and [norm, output] are FSDP units of their own.
+COMPILED_LOSS_CUDNN = Features(compile_loss=True, op_keeps_attention=False, fsdp_edge_units=True)
 # torchtitan of August 2026: the loss (uncompiled) in 8 chunks; its llama3 with q, k and v in one linear.
-CHUNKED_LOSS = Features(loss_chunks=8)
-TITAN_2608 = Features(loss_chunks=8, fused_qkv=True)
+CHUNKED_LOSS = Features(loss_chunks=8, fsdp_edge_units=True)
+TITAN_2608 = Features(loss_chunks=8, fused_qkv=True, fsdp_edge_units=True)
 
 
 @dataclass(frozen=True)

@@ -317,6 +317,40 @@ def test_an_8bit_head_multiplies_at_the_formats_rate_and_casts_its_input_and_the
         wb.estimate(cfg.replace(precision="bf16"), "gb200", features=Features(low_precision_head=True))
 
 
+def test_fsdp_edge_units_free_the_embeddings_copy_during_backward_and_gather_it_twice():
+    # torchtitan from July 2025 shards the embedding and [norm, head] as FSDP units of their own. Counted from the
+    # tensors' sizes (bf16 gathers, fp32 reduce-scatter inputs; E = H = V·D, the norm D, a block B):
+    # - to the loss: the embedding is not held gathered (the root kept it);
+    # - through the blocks' backward: neither is the head's unit, resharded after its backward, which leaves its
+    #   fp32 reduce-scatter input (4·(H + D)) where the root held the head's bf16 gradient (2·H) and itself;
+    # - at backward's end: the embedding gathered again with its gradient (bf16 and fp32) and the first block's
+    #   reduce-scatter input, where the root held all three with theirs.
+    from workbench.estimate.timeline import gpu_memory
+
+    cfg = wb.Config(model=EIGHT_B, dp=8, zero=3, precision="bf16", mixed_precision="fsdp", compile=True,
+                    activation_checkpointing="op", seq_len=8192, batch_size=8)
+    st = stage_shapes(cfg)[0]
+    root, edges = (gpu_memory(st, dtypes(cfg, Features()), Features(compile_loss=True, fsdp_edge_units=e)).moments
+                   for e in (False, True))
+    d, v, b = EIGHT_B.dim, EIGHT_B.vocab_size, st.block_params
+    e = h = v * d
+    assert root.loss_backward - edges.loss_backward == 2 * e
+    assert root.first_block_backward - edges.first_block_backward == 2 * e + 2 * (h + d) + 2 * h - 4 * (h + d)
+    assert root.backward_end - edges.backward_end == (2 * (e + h + d + 2 * b) + 6 * (e + h + d)) - (
+        2 * e + 6 * e + 4 * b)
+    assert root.optimizer_step == edges.optimizer_step
+    # Gathers: the root once a step, every block twice; apart, the embedding twice and the head's unit once.
+    ests = {x: wb.estimate(cfg, "b200", features=Features(compile_loss=True, fsdp_edge_units=x)) for x in (0, 1)}
+    gathers = {x: next(c for c in est.comm if c.role is Role.PARAMETER_GATHER) for x, est in ests.items()}
+    assert (gathers[0].calls, gathers[1].calls) == (2 * EIGHT_B.n_layers + 1, 2 * EIGHT_B.n_layers + 3)
+    assert gathers[1].bytes - gathers[0].bytes == pytest.approx(2 * e, rel=1e-6)
+    assert ests[0].memory.reserved > ests[1].memory.reserved and "FSDP edge units" in str(ests[1])
+    # A layout without ZeRO 3 has no such units: nothing moves.
+    ddp = cfg.replace(zero=0, mixed_precision="autocast")
+    assert wb.estimate(ddp, "b200", features=Features(fsdp_edge_units=True)).memory == \
+        wb.estimate(ddp, "b200").memory
+
+
 def test_an_nvfp4_block_under_the_op_policy_keeps_its_input_and_attention_and_recomputes_all_but_w2():
     # torchao's NVFP4 linear multiplies with aten._scaled_mm_v2, which the per-op policy's save list does not name
     # (torch's compute-intensive ops: aten.mm, aten._scaled_mm), and compile recomputes what the policy does not

@@ -35,6 +35,24 @@ def shard_axis(st: Stage) -> str:
     return "dp_shard_cp" if st.cfg.cp > 1 else "dp_shard"
 
 
+def fsdp_edges(st: Stage, edge_units: bool = False) -> tuple[int, int]:
+    """FSDP2's parameters outside the blocks under ZeRO 3 as (kept, resharded): `kept`, the elements gathered once
+    a micro-batch and held from forward to backward (the root: embedding, final norm and head; with
+    `Features.fsdp_edge_units` the norm and head's unit), `resharded`, the embedding's own unit with
+    `edge_units`, gathered for forward and again for backward as a block is. A head tied to the embedding
+    (none of its own) keeps the three in one unit, as torchtitan does."""
+    if not edge_units or not st.head:
+        return st.root, 0
+    embedding = st.embedding if st.first else 0
+    return st.root - embedding, embedding
+
+
+def fsdp_unit_count(st: Stage, edge_units: bool = False) -> int:
+    """FSDP2's units on this rank: the blocks and the non-empty units around them."""
+    kept, resharded = fsdp_edges(st, edge_units)
+    return len(st.layers) + (kept > 0) + (resharded > 0)
+
+
 def dp_buffers(st: Stage) -> int:
     """Bytes of communication copies: DDP's flat gradient buckets (zero 0/1, tp = 1), or FSDP2's gathered
     parameters and the full gradients it holds before their reduce-scatter (zero 2/3)."""
@@ -58,13 +76,14 @@ def dp_buffers(st: Stage) -> int:
 
 
 def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward_mb_s: float,
-            per_unit: tuple[float, float] | None = None) -> list[Collective]:
+            per_unit: tuple[float, float] | None = None, edge_units: bool = False) -> list[Collective]:
     """The dp axis's collectives per step: the gradient sync, and ZeRO's parameter traffic.
 
     The gradient all-reduce hides behind the last micro-batch's backward (`backward_mb_s`). FSDP2's gathers hide
     behind the compute outside the sync window and its reduce-scatters behind that window, or, given
     `per_unit` (forward, backward seconds of one unit's compute per micro-batch: the GPU model), each call
-    behind its own unit's compute, the first gather and the last reduce-scatter exposed.
+    behind its own unit's compute, the first gather and the last reduce-scatter exposed. `edge_units`:
+    `Features.fsdp_edge_units`.
     """
     cfg = st.cfg
     n, shard, over = st.sync, st.shard_ranks, sync_axis(st)
@@ -73,7 +92,7 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
     # With ep > 1 the expert slices are synchronised over edp (`expert.ep_comm`), the rest over dp.
     local = st.params - (st.expert_params if cfg.ep > 1 else 0)
     grads = 4 * local
-    m, units = cfg.micro_batches, len(st.layers) + (st.root > 0)
+    m, units = cfg.micro_batches, fsdp_unit_count(st, edge_units)
     if cfg.zero <= 1:
         if cfg.tp > 1:
             calls, what = units, "gradients (replicate, per block)"
@@ -99,9 +118,10 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
         gathers = m if sync_each_mb else 1
         gather_bytes, gather_calls = gathered * gathers, units * gathers
     else:
-        # Each micro-batch gathers every unit for forward and all but the root again for backward.
-        gather_bytes = m * (2 * gathered - dt.gathered * st.root)
-        gather_calls = m * (2 * units - (st.root > 0))
+        # Each micro-batch gathers every unit for forward and all but the one kept gathered again for backward.
+        kept, _ = fsdp_edges(st, edge_units)
+        gather_bytes = m * (2 * gathered - dt.gathered * kept)
+        gather_calls = m * (2 * units - (kept > 0))
     gather_window, scatter_window = per_unit if per_unit else (rest, sync_window)
     per_call, over = per_unit is not None, shard_axis(st)
     out = [

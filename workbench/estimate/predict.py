@@ -16,7 +16,7 @@ from workbench.estimate.assumptions import ASSUMPTIONS, GPU_ASSUMPTIONS
 from workbench.estimate.collectives import Network, contention, network
 from workbench.estimate.compute import executed_flops
 from workbench.estimate.context import attention_flops, cp_comm
-from workbench.estimate.data_parallel import dp_comm
+from workbench.estimate.data_parallel import dp_comm, fsdp_unit_count
 from workbench.estimate.expert import ep_comm
 from workbench.estimate.memory import stage_memory
 from workbench.estimate.options import NO_FEATURES, Dtypes, Features, dtypes
@@ -158,11 +158,12 @@ def _gpu(cfg: Config, hw: Hardware, net: Network, shapes: list[Stage], flops: li
         compute_s = max(p.total for p in priced) * slots + max(optimizer)
     stages = []
     for st, f, mb, opt_s, own, memory in zip(shapes, flops, priced, optimizer, inner, memories):
-        units = len(st.layers) + (st.root > 0)
+        units = fsdp_unit_count(st, features.fsdp_edge_units)
         gathers_per_unit = 2 if cfg.zero == 3 else 1
         per_unit = ((mb.forward + (mb.backward if cfg.zero == 3 else 0)) / (gathers_per_unit * units),
                     mb.backward / units)
-        comm = [*dp_comm(st, net, dt, compute_s, mb.backward, per_unit=per_unit), *own,
+        comm = [*dp_comm(st, net, dt, compute_s, mb.backward, per_unit=per_unit,
+                         edge_units=features.fsdp_edge_units), *own,
                 *pp_comm(st, net, in_time)]
         split = (("gemm", m * mb.gemm), ("attention", m * mb.attention), ("memory-bound", m * mb.memory_bound),
                  ("optimizer", opt_s))

@@ -12,7 +12,8 @@ What each moment holds (P: this rank's parameter elements after the tensor-paral
 - FSDP2's unsharded parameters: every one from the first forward to the end of backward at ZeRO 2; at ZeRO 3
   the root (this engine keeps it gathered, FSDP2's root rule) and two blocks (the one running and the one
   prefetched); in backward also the block's unsharded gradient and its reduce-scatter input (in the reduce
-  dtype);
+  dtype); with the embedding and the head units of their own (`Features.fsdp_edge_units`) the head's unit is
+  gathered to its backward and the embedding's for its forward and again at backward's end;
 - gradients: DDP's are whole (4·P) from the first backward until the optimizer has stepped (accumulated across
   micro-batches), FSDP2's sharded ones likewise, a pipeline's FSDP2 gradients whole until the step's sync;
 - AdamW (torch's foreach implementation, torch/optim/adamw.py `_multi_tensor_adamw`): one temporary as large as
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.estimate.data_parallel import dp_buffers
+from workbench.estimate.data_parallel import dp_buffers, fsdp_edges
 from workbench.estimate.model_state import engine_state_bytes, model_state_memory
 from workbench.estimate.options import Dtypes, Features
 from workbench.estimate.pipeline import peak_in_flight, receive_buffers
@@ -100,17 +101,28 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     # FSDP2's unsharded parameters and, in backward, one unit's unsharded gradient and its reduce-scatter input: a
     # block's while backward runs through the blocks (the head's gradient, made first, held beside it until the
     # root's reduce-scatter at backward's end), the root's (embedding, norm, head) at backward's end.
+    kept, resharded = fsdp_edges(st, features.fsdp_edge_units) if zero == 3 else (st.root, 0)
+    blocks = min(2, len(st.layers)) * st.block_params
     if zero == 2:
         gathered_fwd = gathered_bwd = dt.gathered * st.params
     elif zero == 3:
-        gathered_fwd = dt.gathered * (st.root + min(2, len(st.layers)) * st.block_params)
-        gathered_bwd = gathered_fwd
+        gathered_fwd = gathered_bwd = dt.gathered * (kept + blocks)
     else:
         gathered_fwd = gathered_bwd = 0
     grad_bytes = (dt.compute + 4) if fsdp and dt.mixed_precision else 4 if fsdp else 0
     head_grad = (dt.compute if dt.mixed_precision else 4) * (st.head if st.last else 0) if fsdp else 0
     block_grads = grad_bytes * (st.block_params if st.layers else 0) + head_grad
     root_grads = grad_bytes * st.root
+    gathered_end = gathered_bwd
+    if resharded:
+        # The embedding a unit of its own (Features.fsdp_edge_units): the head's unit, resharded once its backward
+        # is done, leaves only its fp32 reduce-scatter input beside the blocks' backward (held until the next
+        # unit's reduce); at backward's end the embedding is gathered again, its gradient made, and the first
+        # block's reduce-scatter input is the one held.
+        gathered_bwd = dt.gathered * blocks
+        block_grads = grad_bytes * (st.block_params if st.layers else 0) + 4 * kept
+        gathered_end = dt.gathered * resharded
+        root_grads = grad_bytes * resharded + 4 * (st.block_params if st.layers else 0)
     unit_grads = max(block_grads, root_grads)
 
     saved = stage_saved(st, dt, features)
@@ -124,10 +136,10 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
         forward_end=at_rest + earlier_grads + activations + gathered_fwd + loss_fwd,
         loss_backward=at_rest + earlier_grads + activations + gathered_fwd + loss_bwd,
         first_block_backward=at_rest + earlier_grads + activations + gathered_bwd + block_grads + rebuild,
-        backward_end=at_rest + gradients + gathered_bwd + root_grads + (input_only(st, dt) if st.layers else 0),
+        backward_end=at_rest + gradients + gathered_end + root_grads + (input_only(st, dt) if st.layers else 0),
         optimizer_step=at_rest + gradients + optimizer_temp,
     )
     return GpuMemory(parameters=parameters, gradients=gradients, optimizer=optimizer,
-                     buffers=buckets + recv + max(gathered_fwd, gathered_bwd) + unit_grads,
+                     buffers=buckets + recv + max(gathered_fwd, gathered_bwd, gathered_end) + unit_grads,
                      activations=activations, other=max(loss_fwd, loss_bwd, rebuild, optimizer_temp),
                      moments=moments, host=host)
