@@ -113,14 +113,15 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
     sync_window = backward_mb_s * syncs
     rest = max(0.0, step_compute_s - sync_window)
     half = cfg.compression in ("fp16", "bf16")  # FSDP2's reduce_dtype
-    gathered = dt.gathered * local  # what one gather of every unit brings (fp32, or the compute dtype under MP)
+    # What one gather of every unit brings: fp32, or the compute dtype under MP; the blocks' Float8 weights in fp8.
+    gathered = dt.gathered * (local - st.root) + dt.gathered_root * st.root
     if cfg.zero == 2:
         gathers = m if sync_each_mb else 1
         gather_bytes, gather_calls = gathered * gathers, units * gathers
     else:
         # Each micro-batch gathers every unit for forward and all but the one kept gathered again for backward.
         kept, _ = fsdp_edges(st, edge_units)
-        gather_bytes = m * (2 * gathered - dt.gathered * kept)
+        gather_bytes = m * (2 * gathered - dt.gathered_root * kept)
         gather_calls = m * (2 * units - (kept > 0))
     gather_window, scatter_window = per_unit if per_unit else (rest, sync_window)
     per_call, over = per_unit is not None, shard_axis(st)

@@ -130,8 +130,12 @@ class Dtypes:
     """The residual stream between blocks (and what norms save of it): fp32 under autocast, whose embedding
     output is fp32 and whose residual adds promote; the parameters' dtype under FSDP mixed precision."""
     gathered: int
-    """Bytes per parameter FSDP2 all-gathers and holds unsharded: fp32 under autocast, the compute dtype under
+    """Bytes per block parameter FSDP2 all-gathers and holds unsharded: fp32 under autocast, the compute dtype under
     mixed precision, 1 with the float8 all-gather (tensorwise scaling, Config.fp8_all_gather)."""
+    gathered_root: int
+    """The same for the parameters outside the blocks (embedding, final norm, head): never Float8 weights (the
+    engine, like torchtitan's `filter_fqns=["output"]`, converts the blocks' linears only), so gathered in the
+    parameters' dtype under mixed precision even with the float8 all-gather."""
     weight_copies: bool
     """Autocast keeps a 2-byte copy of every weight it casts, saved for backward, per micro-batch in flight."""
     mixed_precision: bool
@@ -169,6 +173,6 @@ def dtypes(cfg: Config, features: Features = NO_FEATURES) -> Dtypes:
     # torchao's float8 FSDP all-gather is the tensorwise recipe's, when asked for (engine/parallel/float8.py).
     f8_gather = recipe == "tensorwise" and cfg.zero >= 2 and cfg.fp8_all_gather
     return Dtypes(compute=a, residual=a if mp else 4,
-                  gathered=1 if f8_gather else a if mp else 4,
+                  gathered=1 if f8_gather else a if mp else 4, gathered_root=a if mp else 4,
                   weight_copies=low and not mp and not f8, mixed_precision=mp, float8=f8,
                   fused=cfg.compile and cfg.compile_backend == "inductor", recipe=recipe)

@@ -264,7 +264,8 @@ def _fsdp_copies(st: Stage, dt: Dtypes, hw: Hardware) -> float:
     if cfg.zero < 2 or st.sync == 1:
         return 0.0
     gathers = 2 if cfg.zero == 3 else 1
-    return memory_time(hw, st.params * (gathers * 2 * dt.gathered + dt.compute + 4))
+    gathered = dt.gathered * (st.params - st.root) + dt.gathered_root * st.root
+    return memory_time(hw, gathers * 2 * gathered + st.params * (dt.compute + 4))
 
 
 def optimizer_time(st: Stage, hw: Hardware) -> float:

@@ -104,9 +104,9 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     kept, resharded = fsdp_edges(st, features.fsdp_edge_units) if zero == 3 else (st.root, 0)
     blocks = min(2, len(st.layers)) * st.block_params
     if zero == 2:
-        gathered_fwd = gathered_bwd = dt.gathered * st.params
+        gathered_fwd = gathered_bwd = dt.gathered * (st.params - st.root) + dt.gathered_root * st.root
     elif zero == 3:
-        gathered_fwd = gathered_bwd = dt.gathered * (kept + blocks)
+        gathered_fwd = gathered_bwd = dt.gathered * blocks + dt.gathered_root * kept
     else:
         gathered_fwd = gathered_bwd = 0
     grad_bytes = (dt.compute + 4) if fsdp and dt.mixed_precision else 4 if fsdp else 0
@@ -121,7 +121,7 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
         # block's reduce-scatter input is the one held.
         gathered_bwd = dt.gathered * blocks
         block_grads = grad_bytes * (st.block_params if st.layers else 0) + 4 * kept
-        gathered_end = dt.gathered * resharded
+        gathered_end = dt.gathered_root * resharded
         root_grads = grad_bytes * resharded + 4 * (st.block_params if st.layers else 0)
     unit_grads = max(block_grads, root_grads)
 
