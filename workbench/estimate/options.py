@@ -74,14 +74,14 @@ class Features:
     format's rate and its input and the logits' gradient are cast as a block linear's are. Needs an 8-bit
     Config.precision (NVFP4's recipe keeps the head in bf16)."""
     fsdp_edge_units: bool = False
-    """Under ZeRO 3, FSDP2 shards the embedding and the final norm with the head as units of their own, the root
-    left holding none (torchtitan from 83e694105, pytorch/torchtitan PR 1094, July 2025: `apply_fsdp` wraps
-    `tok_embeddings`, resharded after forward like a block, and `[norm, output]`, kept gathered from forward to
-    its backward). This engine, like torchtitan before it, keeps all three in the root, gathered from the first
-    forward to the end of backward (FSDP2 never reshards its root after forward). With the units apart the
-    embedding is gathered again for its backward, at backward's end, and the head's gradient is reduce-scattered
-    as soon as the head's backward ends, its fp32 reduce-scatter input held until the next unit's (torch's
-    `reduce_scatter_max_input_buffers`, 1), not the whole backward."""
+    """Under ZeRO 3, FSDP2 shards the embedding and the final norm with the head as units of their own, the root left
+    holding none (torchtitan from 83e694105, pytorch/torchtitan PR 1094, July 2025: `apply_fsdp` wraps
+    `tok_embeddings`, resharded after forward like a block, and `[norm, output]`, kept gathered from forward to its
+    backward). This engine, like torchtitan before it, keeps all three in the root, gathered from the first forward
+    to the end of backward (FSDP2's root rule: its lazy init keeps the root gathered after forward). With the units
+    apart the embedding is gathered again for its backward, at backward's end, and the head's gradient is
+    reduce-scattered as soon as the head's backward ends, its fp32 reduce-scatter input held until the next
+    unit's (torch's `reduce_scatter_max_input_buffers`, 1), not the whole backward."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.nvfp4 <= 1.0:
