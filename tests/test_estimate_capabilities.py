@@ -346,6 +346,14 @@ def test_fsdp_edge_units_free_the_embeddings_copy_during_backward_and_gather_it_
     assert root.backward_end - edges.backward_end == (2 * (e + h + d + 2 * b) + 6 * (e + h + d)) - (
         2 * e + 6 * e + 4 * b)
     assert root.optimizer_step == edges.optimizer_step
+    # Under a pipeline each end keeps its own: the first stage stops holding the embedding, the last the head's
+    # bf16 gradient and gathered copy, for its fp32 reduce-scatter input.
+    piped = cfg.replace(dp=4, pp=2, micro_batches=2)
+    first, last = ([gpu_memory(s, dtypes(piped, Features()), Features(compile_loss=True, fsdp_edge_units=x)).moments
+                    for x in (False, True)] for s in stage_shapes(piped))
+    assert first[0].first_block_backward - first[1].first_block_backward == 2 * e
+    assert last[0].first_block_backward - last[1].first_block_backward == 2 * (h + d) + 2 * h - 4 * (h + d)
+    assert last[0].loss_backward == last[1].loss_backward
     # Gathers: the root once a step, every block twice; apart, the embedding twice and the head's unit once.
     ests = {x: wb.estimate(cfg, "b200", features=Features(compile_loss=True, fsdp_edge_units=x)) for x in (0, 1)}
     gathers = {x: next(c for c in est.comm if c.role is Role.PARAMETER_GATHER) for x, est in ests.items()}

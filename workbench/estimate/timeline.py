@@ -101,7 +101,8 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     # FSDP2's unsharded parameters and, in backward, one unit's unsharded gradient and its reduce-scatter input: a
     # block's while backward runs through the blocks (the head's gradient, made first, held beside it until the
     # root's reduce-scatter at backward's end), the root's (embedding, norm, head) at backward's end.
-    kept, resharded = fsdp_edges(st, features.fsdp_edge_units) if zero == 3 else (st.root, 0)
+    apart = zero == 3 and features.fsdp_edge_units and bool(st.head)  # the head a unit of its own
+    kept, resharded = fsdp_edges(st, apart)
     blocks = min(2, len(st.layers)) * st.block_params
     if zero == 2:
         gathered_fwd = gathered_bwd = dt.gathered * (st.params - st.root) + dt.gathered_root * st.root
@@ -114,11 +115,11 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     block_grads = grad_bytes * (st.block_params if st.layers else 0) + head_grad
     root_grads = grad_bytes * st.root
     gathered_end = gathered_bwd
-    if resharded:
-        # The embedding a unit of its own (Features.fsdp_edge_units): the head's unit, resharded once its backward
-        # is done, leaves only its fp32 reduce-scatter input beside the blocks' backward (held until the next
-        # unit's reduce); at backward's end the embedding is gathered again, its gradient made, and the first
-        # block's reduce-scatter input is the one held.
+    if apart:
+        # The embedding and the head units of their own (Features.fsdp_edge_units): the head's unit, resharded once
+        # its backward is done, leaves only its fp32 reduce-scatter input beside the blocks' backward (held until
+        # the next unit's reduce); at backward's end the embedding (first stage) is gathered again, its gradient
+        # made, and the first block's reduce-scatter input is the one held.
         gathered_bwd = dt.gathered * blocks
         block_grads = grad_bytes * (st.block_params if st.layers else 0) + 4 * kept
         gathered_end = dt.gathered_root * resharded
