@@ -114,7 +114,7 @@ def dp_comm(st: Stage, net: Network, dt: Dtypes, step_compute_s: float, backward
     rest = max(0.0, step_compute_s - sync_window)
     half = cfg.compression in ("fp16", "bf16")  # FSDP2's reduce_dtype
     # What one gather of every unit brings: fp32, or the compute dtype under MP; the blocks' Float8 weights in fp8.
-    gathered = dt.gathered * (local - st.root) + dt.gathered_root * st.root
+    gathered = dt.gathered_bytes(local, st.root)
     if cfg.zero == 2:
         gathers = m if sync_each_mb else 1
         gather_bytes, gather_calls = gathered * gathers, units * gathers

@@ -148,6 +148,9 @@ class Dtypes:
     """How the 8-bit linears scale: "tensorwise", "rowwise", "mx" (a scale per 32 along the reduction dim);
     "" without them."""
 
+    def gathered_bytes(self, elements: int, root: int) -> int:
+        """Bytes FSDP2 gathers and holds for `elements` parameters, `root` of them outside the blocks."""
+        return self.gathered * (elements - root) + self.gathered_root * root
 
 
 def float8(cfg: Config) -> bool:

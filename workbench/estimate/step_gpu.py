@@ -264,8 +264,7 @@ def _fsdp_copies(st: Stage, dt: Dtypes, hw: Hardware) -> float:
     if cfg.zero < 2 or st.sync == 1:
         return 0.0
     gathers = 2 if cfg.zero == 3 else 1
-    gathered = dt.gathered * (st.params - st.root) + dt.gathered_root * st.root
-    return memory_time(hw, gathers * 2 * gathered + st.params * (dt.compute + 4))
+    return memory_time(hw, gathers * 2 * dt.gathered_bytes(st.params, st.root) + st.params * (dt.compute + 4))
 
 
 def optimizer_time(st: Stage, hw: Hardware) -> float:

@@ -105,9 +105,9 @@ def gpu_memory(st: Stage, dt: Dtypes, features: Features) -> GpuMemory:
     kept, resharded = fsdp_edges(st, apart)
     blocks = min(2, len(st.layers)) * st.block_params
     if zero == 2:
-        gathered_fwd = gathered_bwd = dt.gathered * (st.params - st.root) + dt.gathered_root * st.root
+        gathered_fwd = gathered_bwd = dt.gathered_bytes(st.params, st.root)
     elif zero == 3:
-        gathered_fwd = gathered_bwd = dt.gathered * blocks + dt.gathered_root * kept
+        gathered_fwd = gathered_bwd = dt.gathered_bytes(blocks + kept, kept)
     else:
         gathered_fwd = gathered_bwd = 0
     grad_bytes = (dt.compute + 4) if fsdp and dt.mixed_precision else 4 if fsdp else 0
