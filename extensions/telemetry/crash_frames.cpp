@@ -16,6 +16,13 @@ namespace {
 
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 constexpr int kMaxFrames = 64;
+// How long the handlers after this one may take before the process is ended anyway. torch's symbolizes with
+// malloc; after glibc found a corrupted heap inside malloc (malloc_consolidate) the crashing thread still holds
+// the arena's lock, so that handler waits on it for ever and the rank, its other threads alive, hangs instead of
+// dying (seen in a rank: reported as stuck after 180 s instead of dead in seconds).
+constexpr unsigned kHandOnSeconds = 5;
+
+volatile sig_atomic_t g_fatal_signal = 0;
 
 struct sigaction g_previous[NSIG];
 std::atomic<bool> g_installed{false};
@@ -49,6 +56,22 @@ void put_number(long value) {
   put(digits + i);
 }
 
+// The handlers after this one did not finish: the fatal signal again, at its default action, to the process. The
+// hung thread blocks that signal (it is inside its handler); another thread takes it and the process ends with it.
+void on_hand_on_timeout(int) {
+  const int sig = g_fatal_signal;
+  put("workbench: the fatal-signal handlers after this one did not finish in ");
+  put_number(kHandOnSeconds);
+  put(" s; the process ends with signal ");
+  put_number(sig);
+  put("\n");
+  struct sigaction fallback{};
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  ::sigaction(sig, &fallback, nullptr);
+  ::kill(::getpid(), sig);
+}
+
 void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   put(kCrashFramesHeader);
   put(" (thread ");
@@ -62,6 +85,13 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   put("\n");
   // Hand the signal on as faulthandler does: the previous disposition back, the signal raised again on this
   // thread; it stays blocked until this handler returns, then the previous handler (or the default action) has it.
+  // An alarm first, in case that handler never returns.
+  g_fatal_signal = sig;
+  struct sigaction watchdog{};
+  watchdog.sa_handler = on_hand_on_timeout;
+  sigemptyset(&watchdog.sa_mask);
+  ::sigaction(SIGALRM, &watchdog, nullptr);
+  ::alarm(kHandOnSeconds);
   ::sigaction(sig, &g_previous[sig], nullptr);
   ::raise(sig);
   (void)info;

@@ -8,7 +8,9 @@
 // unaligned fastbin chunk detected", seen in a rank). backtrace() and
 // backtrace_symbols_fd() write straight to the descriptor; names come from the
 // libraries' dynamic symbols (mangled). Then the handler installed before this
-// one runs (torch's, faulthandler's), as if this one were not there.
+// one runs (torch's, faulthandler's), as if this one were not there; if it has
+// not ended the process 5 s later (torch's waits for ever on the lock of the
+// corrupted heap's malloc), the signal is raised again at its default action.
 
 namespace wbt {
 

@@ -209,6 +209,31 @@ def test_a_fatal_signal_prints_the_crashing_threads_frames_then_kills_as_before(
     assert any("libc.so" in f for f in frames[2:4]) and len(frames) >= 3
 
 
+A_HANDLER_THAT_NEVER_RETURNS = """
+import ctypes, os
+from workbench.telemetry import native
+libc = ctypes.CDLL(None)
+# Before the extension's, a SIGABRT handler that waits for ever, as torch's waits on the lock of a heap whose
+# corruption glibc found inside malloc: pause() as the handler.
+libc.signal.restype = ctypes.c_void_p
+libc.signal(6, ctypes.cast(libc.pause, ctypes.c_void_p))
+native.load().install_crash_frames()
+os.abort()
+"""
+
+
+@pytest.mark.processes
+def test_a_fatal_signal_whose_next_handler_hangs_still_ends_the_process_with_it(ext):
+    # Seen in a rank: "malloc_consolidate(): unaligned fastbin chunk detected", then torch's handler waited on
+    # malloc's lock and the rank hung (reported stuck after 180 s). The extension's handler prints, hands the signal
+    # on, and 5 s later raises it again at its default action.
+    done = subprocess.run([sys.executable, "-c", A_HANDLER_THAT_NEVER_RETURNS], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -6, (done.returncode, done.stderr)
+    assert "workbench: native frames of the crashing thread" in done.stderr and "signal 6" in done.stderr
+    assert "did not finish in 5 s; the process ends with signal 6" in done.stderr
+
+
 def test_stale_cached_builds_are_pruned_by_last_use_and_kept_ones_survive(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     root = tmp_path / "extensions"
