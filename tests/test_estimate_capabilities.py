@@ -360,10 +360,12 @@ def test_fsdp_edge_units_free_the_embeddings_copy_during_backward_and_gather_it_
     assert (gathers[0].calls, gathers[1].calls) == (2 * EIGHT_B.n_layers + 1, 2 * EIGHT_B.n_layers + 3)
     assert gathers[1].bytes - gathers[0].bytes == pytest.approx(2 * e, rel=1e-6)
     assert ests[0].memory.reserved > ests[1].memory.reserved and "FSDP edge units" in str(ests[1])
-    # A layout without ZeRO 3 has no such units: nothing moves.
-    ddp = cfg.replace(zero=0, mixed_precision="autocast")
-    assert wb.estimate(ddp, "b200", features=Features(fsdp_edge_units=True)).memory == \
-        wb.estimate(ddp, "b200").memory
+    # DDP and replicate have no such units: nothing moves, neither memory nor the all-reduces (one per block
+    # and the root under tp).
+    for ddp in (cfg.replace(zero=0, mixed_precision="autocast"), cfg.replace(zero=0, mixed_precision="autocast",
+                                                                            dp=4, tp=2)):
+        on, off = (wb.estimate(ddp, "b200", features=Features(fsdp_edge_units=x)) for x in (True, False))
+        assert on.memory == off.memory and on.comm == off.comm
 
 
 def test_an_nvfp4_block_under_the_op_policy_keeps_its_input_and_attention_and_recomputes_all_but_w2():

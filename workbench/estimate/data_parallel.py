@@ -36,12 +36,12 @@ def shard_axis(st: Stage) -> str:
 
 
 def fsdp_edges(st: Stage, edge_units: bool = False) -> tuple[int, int]:
-    """FSDP2's parameters outside the blocks under ZeRO 3 as (kept, resharded): `kept`, the elements gathered once
-    a micro-batch and held from forward to backward (the root: embedding, final norm and head; with
-    `Features.fsdp_edge_units` the norm and head's unit), `resharded`, the embedding's own unit with
-    `edge_units`, gathered for forward and again for backward as a block is. A head tied to the embedding
-    (none of its own) keeps the three in one unit, as torchtitan does."""
-    if not edge_units or not st.head:
+    """The parameters outside the blocks as (kept, resharded): `kept`, the elements gathered once a micro-batch
+    and held from forward to backward (the root: embedding, final norm and head; with `Features.fsdp_edge_units`
+    under FSDP2, ZeRO 2/3, the norm and head's unit), `resharded`, the embedding's own unit with `edge_units`,
+    gathered for forward and again for backward as a block is. DDP and replicate (ZeRO 0/1) have no such units,
+    and a head tied to the embedding (none of its own) keeps the three in one unit, as torchtitan does."""
+    if not edge_units or not st.head or st.cfg.zero < 2:
         return st.root, 0
     embedding = st.embedding if st.first else 0
     return st.root - embedding, embedding
